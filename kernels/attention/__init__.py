@@ -1,0 +1,33 @@
+"""Attention backends, chosen by name (``--attention-backend``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def create_attention_backend(name: str, device: str, **kwargs: Any):
+    """Return an ``AttentionBackend``. ``auto`` picks flashinfer on CUDA when installed, else torch_native.
+
+    Raises:
+        ValueError: an unknown name, or flashinfer asked for where it cannot run.
+    """
+    if name == "auto":
+        name = "torch_native"
+        if device.startswith("cuda"):
+            try:
+                import flashinfer  # noqa: F401
+
+                name = "flashinfer"
+            except ImportError:
+                pass
+    if name == "torch_native":
+        from radixlm.kernels.attention.torch_native import TorchNativeAttnBackend
+
+        return TorchNativeAttnBackend(**kwargs)
+    if name == "flashinfer":
+        if not device.startswith("cuda"):
+            raise ValueError("the flashinfer attention backend needs --device cuda")
+        from radixlm.kernels.attention.flashinfer_backend import FlashInferAttnBackend
+
+        return FlashInferAttnBackend(**kwargs)
+    raise ValueError(f"unknown attention backend {name!r}")

@@ -1,0 +1,315 @@
+"""Incremental detokenization: ``BatchTokenOut`` (new ids per request) -> ``BatchStrOut`` (new text).
+
+Per request, ``IncrementalDetokenizer`` runs vLLM/SGLang's two-offset scheme: it decodes
+``ids[surr:read]`` and ``ids[surr:]`` and takes the difference as the new text, committing it only
+when it does not end in U+FFFD (a multi-byte character split over byte tokens is held back until its
+last byte arrives). On top of that it holds back any tail of the text that could still grow into a
+stop string, so a stop string is never streamed and later retracted, and it trims the matched stop
+string / stop token at finish (unless ``no_stop_trim``).
+
+``DetokenizerManager`` keeps those states by rid (pure logic, no sockets; the in-process Engine
+calls it directly). ``run_detokenizer_process`` wraps it in a process between two ZMQ sockets.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+import signal
+import sys
+import traceback
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import Any, Optional
+
+from radixlm.managers.io_struct import BatchStrOut, BatchTokenOut, FinishReason
+
+logger = logging.getLogger(__name__)
+
+# SGLang's SGLANG_DETOKENIZER_MAX_STATES default.
+DEFAULT_MAX_STATES = 65536
+_REPLACEMENT_CHAR = "\ufffd"
+# How often (ms) the process loop wakes to check for SIGTERM / a dead parent when idle.
+_POLL_MS = 200
+
+
+def accepts_spaces_between_special_tokens(tokenizer: Any) -> bool:
+    """Whether ``tokenizer.decode`` honours ``spaces_between_special_tokens``.
+
+    In transformers 5 the fast (``TokenizersBackend``) and generic Python tokenizers swallow the
+    kwarg in ``**kwargs`` and ignore it; only tokenizers whose ``_decode`` names it (the
+    SentencePiece backend, which also ignores it in 5.x; wav2vec2; 4.x slow tokenizers) take it.
+    We pass it only to those, so duck-typed tokenizers with a strict ``decode`` still work.
+    """
+    fn = getattr(tokenizer, "_decode", None) or getattr(tokenizer, "decode", None)
+    try:
+        params = inspect.signature(fn).parameters  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return False
+    return "spaces_between_special_tokens" in params
+
+
+class IncrementalDetokenizer:
+    """Streaming text of one request.
+
+    Args:
+        tokenizer: anything with ``decode(ids: list[int], skip_special_tokens=bool, ...) -> str``.
+        stop_strs: stop strings of the request (empty strings are ignored).
+        skip_special_tokens, spaces_between_special_tokens: passed to ``decode`` (see
+            ``accepts_spaces_between_special_tokens`` for when the latter has any effect).
+        no_stop_trim: keep the matched stop string / stop token text in the output.
+        spaces_kwarg: precomputed ``accepts_spaces_between_special_tokens(tokenizer)``.
+
+    Invariants: the concatenation of everything ``step`` returns equals the final text, which is
+    ``tokenizer.decode(output_ids)`` (minus a trimmed stop token) cut at the matched stop string;
+    no increment ends inside a multi-byte character unless the final text itself has U+FFFD there.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        *,
+        stop_strs: Optional[Sequence[str]] = None,
+        skip_special_tokens: bool = True,
+        spaces_between_special_tokens: bool = True,
+        no_stop_trim: bool = False,
+        spaces_kwarg: Optional[bool] = None,
+    ) -> None:
+        kwargs: dict[str, bool] = {"skip_special_tokens": skip_special_tokens}
+        if spaces_kwarg is None:
+            spaces_kwarg = accepts_spaces_between_special_tokens(tokenizer)
+        if spaces_kwarg:
+            kwargs["spaces_between_special_tokens"] = spaces_between_special_tokens
+        self._decode: Callable[[list[int]], str] = lambda ids: tokenizer.decode(ids, **kwargs)
+        self.stop_strs: tuple[str, ...] = tuple(s for s in (stop_strs or ()) if s)
+        self.no_stop_trim = no_stop_trim
+        self.output_ids: list[int] = []
+        # Text of output_ids[:read_offset]; output_ids[surr_offset:read_offset] is the context that
+        # gives the next tokens their leading space / byte merges.
+        self.surr_offset = 0
+        self.read_offset = 0
+        self.decoded_text = ""
+        self.sent_offset = 0  # characters of decoded_text already returned
+        self.finished = False
+
+    @property
+    def text(self) -> str:
+        """All text returned so far (the final text once ``finished``)."""
+        return self.decoded_text[: self.sent_offset]
+
+    def step(self, new_ids: Sequence[int], finish: Optional[FinishReason] = None) -> str:
+        """Add the ids new since the last call; return the text new since the last call.
+
+        ``finish`` (the request's finish reason, given with its last ids) flushes everything held
+        back, trimming the stop string / stop token as described in the class docstring.
+
+        Raises:
+            RuntimeError: called again after a finishing call.
+        """
+        if self.finished:
+            raise RuntimeError("IncrementalDetokenizer.step called after the request finished")
+        self.output_ids.extend(new_ids)
+        if finish is not None:
+            return self._finish(finish)
+        self._advance(len(self.output_ids))
+        end = self._hold_back_start()
+        out = self.decoded_text[self.sent_offset : end]
+        self.sent_offset = end
+        return out
+
+    def _new_text(self, end: int) -> str:
+        """Text of ``output_ids[read_offset:end]``, decoded with the surrounding context."""
+        prefix = self._decode(self.output_ids[self.surr_offset : self.read_offset])
+        full = self._decode(self.output_ids[self.surr_offset : end])
+        return full[len(prefix) :]
+
+    def _advance(self, end: int) -> None:
+        """Commit ``output_ids[read_offset:end]`` unless its text is empty or ends mid-character."""
+        if end <= self.read_offset:
+            return
+        new_text = self._new_text(end)
+        if new_text and not new_text.endswith(_REPLACEMENT_CHAR):
+            self.decoded_text += new_text
+            self.surr_offset, self.read_offset = self.read_offset, end
+
+    def _hold_back_start(self) -> int:
+        """Index in ``decoded_text`` where the unsendable tail (a possible stop-string start) begins."""
+        text, start = self.decoded_text, len(self.decoded_text)
+        if self.no_stop_trim:
+            return start  # nothing will be trimmed, so nothing needs holding back
+        for stop in self.stop_strs:
+            # Longest suffix of the unsent text that is a prefix of `stop` (a whole `stop` at the
+            # very end included: the scheduler may not have reported that match yet).
+            for k in range(min(len(stop), len(text) - self.sent_offset), 0, -1):
+                if text.endswith(stop[:k]):
+                    start = min(start, len(text) - k)
+                    break
+        return start
+
+    def _finish(self, finish: FinishReason) -> str:
+        self.finished = True
+        end = len(self.output_ids)
+        matched = finish.matched
+        if (
+            finish.type == "stop"
+            and isinstance(matched, int)
+            and not self.no_stop_trim
+            and end > 0
+            and self.output_ids[-1] == matched
+        ):
+            end -= 1  # the stop token's text is not part of the output
+        if end > self.read_offset:
+            self.decoded_text += self._new_text(end)
+            self.surr_offset, self.read_offset = self.read_offset, end
+        elif end < self.read_offset:
+            logger.warning("stop token %s was already streamed before its finish reason", matched)
+        tail = self.decoded_text[self.sent_offset :]
+        if finish.type == "stop" and isinstance(matched, str) and matched and not self.no_stop_trim:
+            # Text already sent never contains the stop string (it was held back), so the first
+            # occurrence in the unsent region is the one that stopped generation.
+            cut = tail.find(matched)
+            if cut >= 0:
+                tail = tail[:cut]
+        self.decoded_text = self.decoded_text[: self.sent_offset] + tail
+        self.sent_offset = len(self.decoded_text)
+        return tail
+
+
+class DetokenizerManager:
+    """Turns each ``BatchTokenOut`` into a ``BatchStrOut`` with per-request incremental text.
+
+    A request's state is created by its first entry (which carries its ``stop_strs`` and flags) and
+    dropped with its finished entry. At most ``max_states`` live at once; beyond that the least
+    recently updated one is evicted with a warning, and that request's later text restarts from
+    its next ids (wrong, but the request still finishes) — SGLang's "Decode status not found".
+    """
+
+    def __init__(self, tokenizer: Any, max_states: int = DEFAULT_MAX_STATES) -> None:
+        if max_states < 1:
+            raise ValueError(f"max_states must be >= 1, got {max_states}")
+        self.tokenizer = tokenizer
+        self.max_states = max_states
+        self._spaces_kwarg = accepts_spaces_between_special_tokens(tokenizer)
+        self._states: OrderedDict[str, IncrementalDetokenizer] = OrderedDict()
+        self._evicted: OrderedDict[str, None] = OrderedDict()  # bounded, for the warning only
+
+    def __len__(self) -> int:
+        """Number of live (unfinished) request states."""
+        return len(self._states)
+
+    def __contains__(self, rid: object) -> bool:
+        return rid in self._states
+
+    def handle(self, batch: BatchTokenOut) -> BatchStrOut:
+        """Detokenize one batch; ``output_strs[i]`` is the new text of ``batch.rids[i]``."""
+        output_strs = []
+        for i, rid in enumerate(batch.rids):
+            state = self._states.get(rid)
+            if state is None:
+                state = self._create(batch, i)
+            else:
+                self._states.move_to_end(rid)
+            finish = batch.finished_reasons[i]
+            output_strs.append(state.step(batch.output_ids[i], finish))
+            if finish is not None:
+                del self._states[rid]
+        return BatchStrOut(token_out=batch, output_strs=output_strs)
+
+    def _create(self, batch: BatchTokenOut, i: int) -> IncrementalDetokenizer:
+        rid = batch.rids[i]
+        if rid in self._evicted:
+            del self._evicted[rid]
+            logger.warning("detokenizer state of request %r was evicted; its text is incomplete", rid)
+        state = IncrementalDetokenizer(
+            self.tokenizer,
+            stop_strs=batch.stop_strs[i],
+            skip_special_tokens=batch.skip_special_tokens[i],
+            spaces_between_special_tokens=batch.spaces_between_special_tokens[i],
+            no_stop_trim=batch.no_stop_trim[i],
+            spaces_kwarg=self._spaces_kwarg,
+        )
+        self._states[rid] = state
+        if len(self._states) > self.max_states:
+            old_rid, _ = self._states.popitem(last=False)
+            self._evicted[old_rid] = None
+            if len(self._evicted) > self.max_states:
+                self._evicted.popitem(last=False)
+            logger.warning(
+                "detokenizer holds more than %d unfinished requests; evicted the state of %r "
+                "(its streamed text will be wrong)",
+                self.max_states,
+                old_rid,
+            )
+        return state
+
+
+def _load_tokenizer(path: str) -> Any:
+    try:
+        from radixlm.srt.model_loader import load_tokenizer
+    except ImportError:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(path)
+    return load_tokenizer(path)
+
+
+def run_detokenizer_process(tokenizer_path: str, paths: Any, ready_pipe: Any) -> None:
+    """Process entry: PULL ``BatchTokenOut`` on ``paths.detokenizer_input`` (bound here), PUSH
+    ``BatchStrOut`` to ``paths.tokenizer_input`` (connected).
+
+    Args:
+        tokenizer_path: a resolved model folder (or tokenizer folder).
+        paths: an ``ipc.IpcPaths``.
+        ready_pipe: a ``multiprocessing`` Connection (or None). It receives exactly the str
+            ``"ready"`` once the sockets are up, and ``"error: <traceback>"`` if the process fails
+            (before or after ready).
+
+    Exits with status 0 on SIGTERM/SIGINT or when its parent dies, 1 on any error (logged).
+    """
+    import zmq
+
+    from radixlm.managers.ipc import PullReceiver, PushSender
+
+    stopping: list[int] = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, frame: stopping.append(signum))
+    parent_pid = os.getppid()
+    ctx = zmq.Context()
+    sockets: list[Any] = []
+    try:
+        manager = DetokenizerManager(_load_tokenizer(tokenizer_path))
+        receiver = PullReceiver(ctx, paths.detokenizer_input, bind=True)
+        sockets.append(receiver)
+        sender = PushSender(ctx, paths.tokenizer_input, bind=False)
+        sockets.append(sender)
+        if ready_pipe is not None:
+            ready_pipe.send("ready")
+        while not stopping:
+            msg = receiver.recv(timeout_ms=_POLL_MS)
+            if msg is None:
+                if os.getppid() != parent_pid:
+                    logger.warning("detokenizer: parent process %d exited; stopping", parent_pid)
+                    break
+                continue
+            if isinstance(msg, BatchTokenOut):
+                sender.send(manager.handle(msg))
+            else:
+                logger.warning("detokenizer: ignoring unexpected %s", type(msg).__name__)
+    except Exception:
+        tb = traceback.format_exc()
+        logger.error("detokenizer process crashed:\n%s", tb)
+        if ready_pipe is not None:
+            try:
+                ready_pipe.send(f"error: {tb}")
+            except OSError:
+                pass  # parent already gone; the log has the error
+        _close(sockets, ctx)
+        sys.exit(1)
+    _close(sockets, ctx)
+
+
+def _close(sockets: list[Any], ctx: Any) -> None:
+    for sock in sockets:
+        sock.close()
+    ctx.term()

@@ -1,0 +1,113 @@
+"""``Req``: the scheduler's CPU-side state of one request (SGLang's ``schedule_batch.Req``).
+
+Counters, not phase flags: ``num_cached`` tokens of ``fill_ids`` (= prompt + output) have KV in the
+request's ``req_to_token`` row; the next extend computes ``fill_ids[num_cached:]`` (or a chunk of it);
+decode is an extend of one token. Of the row, ``[0, cache_protected_len)`` are pages owned by the
+radix tree (locked through ``last_node``); the rest are owned by the request.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Optional
+
+from radixlm.managers.io_struct import FinishReason, TokenizedGenerateReq
+from radixlm.srt.sampling_params import SamplingParams
+
+
+class Req:
+    def __init__(self, msg: TokenizedGenerateReq, stop_ids: frozenset[int], max_new_tokens: int):
+        self.rid = msg.rid
+        self.origin_input_ids: list[int] = list(msg.input_ids)
+        self.sampling_params: SamplingParams = msg.sampling_params
+        self.max_new_tokens = max_new_tokens
+        self.stop_ids = stop_ids  # EOS (unless ignore_eos) + stop_token_ids
+        self.stop_strs = msg.sampling_params.stop_strs()
+        self.stream = msg.stream
+        self.return_logprob = msg.return_logprob
+        self.top_logprobs_num = msg.top_logprobs_num
+        # Input logprobs are wanted from this prompt position on (None: not wanted).
+        self.logprob_start_len: Optional[int] = None
+        if msg.return_logprob and msg.logprob_start_len >= 0:
+            self.logprob_start_len = min(msg.logprob_start_len, len(self.origin_input_ids) - 1)
+
+        self.output_ids: list[int] = []
+        self.req_pool_idx: Optional[int] = None
+        self.num_cached = 0
+        self.cache_protected_len = 0
+        self.last_node: Any = None
+        self.extend_len = 0  # tokens computed in the current extend step
+        self.cached_tokens = 0  # prompt tokens served from the radix tree (reported)
+        self.num_retractions = 0
+        self.finished_reason: Optional[FinishReason] = None
+        self.to_abort: Optional[FinishReason] = None
+        self.grammar: Any = None
+        self.created = time.monotonic()
+
+        # What has been sent downstream.
+        self.num_sent = 0
+        self.stop_strs_sent = False
+        # Logprob accumulators (entries not yet sent).
+        self.pending_output_logprobs: list[float] = []
+        self.pending_output_top: list[list[tuple[float, int]]] = []
+        self.input_logprobs_done = self.logprob_start_len is None
+        self.input_token_logprobs: list[Optional[float]] = []
+        self.input_top_logprobs: list[Optional[list[tuple[float, int]]]] = []
+        self.input_logprobs_ready = False
+
+    @property
+    def fill_ids(self) -> list[int]:
+        return self.origin_input_ids + self.output_ids
+
+    @property
+    def seq_len(self) -> int:
+        return len(self.origin_input_ids) + len(self.output_ids)
+
+    @property
+    def finished(self) -> bool:
+        return self.finished_reason is not None
+
+    def match_limit(self) -> int:
+        """How many leading tokens may come from the radix tree: never the last token (its logits
+        are needed), and not past the first position whose input logprob is wanted."""
+        limit = self.seq_len - 1
+        if not self.input_logprobs_done and self.logprob_start_len is not None:
+            limit = min(limit, max(self.logprob_start_len - 1, 0))
+        return limit
+
+    def reset_for_retract(self) -> None:
+        """Drop all KV state; the request will re-prefill prompt + output so far."""
+        self.req_pool_idx = None
+        self.num_cached = 0
+        self.cache_protected_len = 0
+        self.last_node = None
+        self.extend_len = 0
+        self.num_retractions += 1
+
+    def check_finished(self, decode_text: Any) -> None:
+        """Set ``finished_reason`` after a new output token, in SGLang's order: abort, length,
+        grammar end, stop token, stop string. ``decode_text(ids) -> str`` decodes a token tail."""
+        if self.finished_reason is not None:
+            return
+        if self.to_abort is not None:
+            self.finished_reason = self.to_abort
+            return
+        n = len(self.output_ids)
+        last = self.output_ids[-1] if n else None
+        if self.grammar is not None and self.grammar.is_terminated():
+            self.finished_reason = FinishReason(type="stop", matched=None)
+            return
+        if last is not None and n >= self.sampling_params.min_new_tokens:
+            if last in self.stop_ids:
+                self.finished_reason = FinishReason(type="stop", matched=last)
+                return
+            if self.stop_strs:
+                longest = max(len(s) for s in self.stop_strs)
+                # A character may take up to 4 byte-fallback tokens; 2 more for merges at the edge.
+                tail = decode_text(self.output_ids[-(4 * longest + 2):])
+                for s in self.stop_strs:
+                    if s in tail:
+                        self.finished_reason = FinishReason(type="stop", matched=s)
+                        return
+        if n >= self.max_new_tokens:
+            self.finished_reason = FinishReason(type="length", length=n)

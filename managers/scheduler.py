@@ -1,0 +1,268 @@
+"""The scheduler: continuous batching over a radix-cached, paged KV pool (SGLang's ``scheduler.py``).
+
+Each ``step()``: admit waiting requests into an extend batch (prefix match, token budget, at most one
+chunked request) — extend has priority — else run one decode step over the running requests
+(retracting the least-advanced ones when pages run out); then sample, check stops and emit new
+tokens. When idle it checks that no KV page or request row leaked.
+
+Transport, model worker, tokenizer and grammar backend come in through the constructor, so the
+offline ``Engine`` and tests drive it in-process and the server drives it from a ZMQ loop.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Optional
+
+from radixlm.managers.io_struct import (AbortReq, BatchTokenOut, FinishReason, FlushCacheOut, FlushCacheReq,
+                                        GetInternalStateReq, InternalState, Message, TokenizedGenerateReq)
+from radixlm.managers.kv_manager import KVManager
+from radixlm.managers.output_builder import build_batch_output
+from radixlm.managers.result_processor import ResultProcessor
+from radixlm.managers.schedule_batch import Req
+from radixlm.managers.schedule_policy import PrefillAdder, order_waiting
+from radixlm.managers.tp_worker import TpModelWorker
+from radixlm.managers.validation import InvalidRequestError, validate_generate_input
+from radixlm.radix_cache import RadixCache
+from radixlm.srt.forward_batch import ForwardMode, ModelWorkerBatch
+from radixlm.srt.server_args import ServerArgs
+
+logger = logging.getLogger(__name__)
+
+INIT_NEW_TOKEN_RATIO = 0.7
+MIN_NEW_TOKEN_RATIO_FACTOR = 0.14
+NEW_TOKEN_RATIO_DECAY_STEPS = 600
+
+
+class Scheduler:
+    def __init__(self, server_args: ServerArgs, worker: TpModelWorker, tokenizer: Any,
+                 send_output: Callable[[BatchTokenOut], None], grammar_backend: Any = None):
+        self.args = server_args
+        self.worker = worker
+        self.tokenizer = tokenizer
+        self.send_output = send_output
+        self.grammar_backend = grammar_backend
+        mc = worker.model_config
+        self.context_len = mc.context_len
+        self.vocab_size = mc.vocab_size
+        self.eos_ids = frozenset(mc.eos_token_ids)
+        runner = worker.model_runner
+        tree = RadixCache(runner.page_pool, server_args.page_size, disable=server_args.disable_radix_cache)
+        self.kv = KVManager(runner.page_pool, tree, runner.req_to_token_pool)
+        self.results = ResultProcessor(self.kv, tokenizer, top_logprobs_cap=20)
+        self.waiting: list[Req] = []
+        self.running: list[Req] = []
+        self.chunked_req: Optional[Req] = None
+        self.init_ratio = min(1.0, INIT_NEW_TOKEN_RATIO * server_args.schedule_conservativeness)
+        self.new_token_ratio = self.init_ratio
+        self.min_ratio = self.init_ratio * MIN_NEW_TOKEN_RATIO_FACTOR
+        self.stats = {"retractions": 0, "prompt_tokens": 0, "generation_tokens": 0, "cached_tokens": 0}
+
+    # ---- the loop ---------------------------------------------------------------------------
+    def step(self) -> bool:
+        """Run one batch if there is work; returns False when idle (after the leak check)."""
+        self._reap_aborted()
+        batch = self._get_new_extend_batch() or self._get_decode_batch()
+        if batch is None:
+            if self.is_idle():
+                self.new_token_ratio = self.init_ratio
+                self.kv.check_idle()
+            return False
+        reqs, mwb = batch
+        out = self.worker.forward_batch_generation(mwb, *self.results.sampling_inputs(reqs, mwb, self.vocab_size))
+        finished = self.results.process(reqs, mwb, out)
+        self._after_batch(reqs, mwb.forward_mode, finished)
+        return True
+
+    def is_idle(self) -> bool:
+        return not self.waiting and not self.running and self.chunked_req is None
+
+    # ---- inputs -------------------------------------------------------------------------------
+    def handle_message(self, msg: Message) -> Optional[Message]:
+        """Dispatch one incoming message; returns a reply for control messages."""
+        if isinstance(msg, TokenizedGenerateReq):
+            self.add_request(msg)
+        elif isinstance(msg, AbortReq):
+            self.abort(msg.rid, msg.abort_all, msg.message)
+        elif isinstance(msg, FlushCacheReq):
+            return self.flush_cache()
+        elif isinstance(msg, GetInternalStateReq):
+            return self.internal_state()
+        else:
+            raise TypeError(f"scheduler cannot handle {type(msg).__name__}")
+        return None
+
+    def add_request(self, msg: TokenizedGenerateReq) -> None:
+        params = msg.sampling_params
+        stop_ids = frozenset(params.stop_token_ids or ()) | (frozenset() if params.ignore_eos else self.eos_ids)
+        room = self.context_len - len(msg.input_ids)
+        max_new = room if params.max_new_tokens is None else min(params.max_new_tokens, room)
+        req = Req(msg, stop_ids, max(max_new, 0))
+        error = self._validate(msg)
+        if error is not None:
+            req.finished_reason = FinishReason(type="abort", message=error, status_code=400)
+            self._emit([req])
+            return
+        self.waiting.append(req)
+
+    def _validate(self, msg: TokenizedGenerateReq) -> Optional[str]:
+        try:
+            validate_generate_input(msg.input_ids, msg.sampling_params, self.vocab_size, self.context_len)
+        except InvalidRequestError as e:
+            return str(e)
+        return None
+
+    def abort(self, rid: str, abort_all: bool = False, message: str = "Aborted by request") -> None:
+        """Abort requests whose rid starts with ``rid`` (or all). Waiting ones end at once; running
+        ones end at the start of the next step, after their KV is cached."""
+        def match(r: Req) -> bool:
+            return abort_all or r.rid.startswith(rid)
+
+        gone = [r for r in self.waiting if match(r)]
+        if gone:
+            self.waiting = [r for r in self.waiting if not match(r)]
+            for r in gone:
+                r.finished_reason = FinishReason(type="abort", message="Abort in waiting queue")
+                self.kv.release(r, insert=False)
+            self._emit(gone)
+        for r in self.running + ([self.chunked_req] if self.chunked_req else []):
+            if match(r) and r.to_abort is None:
+                r.to_abort = FinishReason(type="abort", message=message)
+
+    def _reap_aborted(self) -> None:
+        done = [r for r in self.running if r.to_abort is not None]
+        if self.chunked_req is not None and self.chunked_req.to_abort is not None:
+            done.append(self.chunked_req)
+            self.chunked_req = None
+        if not done:
+            return
+        self.running = [r for r in self.running if r.to_abort is None]
+        for r in done:
+            r.finished_reason = r.to_abort
+            self.kv.release(r, insert=True)
+        self._emit(done)
+
+    # ---- batches ----------------------------------------------------------------------------
+    def _get_new_extend_batch(self) -> Optional[tuple[list[Req], ModelWorkerBatch]]:
+        if not self.waiting and self.chunked_req is None:
+            return None
+        args = self.args
+        chunk = None if args.chunked_prefill_size == -1 else args.chunked_prefill_size
+        adder = PrefillAdder(self.kv, self.new_token_ratio, args.max_prefill_tokens, chunk)
+        adder.reserve_running(self.running)
+        candidates = ([self.chunked_req] if self.chunked_req else []) + order_waiting(self.waiting, args.schedule_policy, self.kv)
+        for req in candidates:
+            if len(self.running) + len(adder.admitted) >= args.max_running_requests or adder.new_chunked_req:
+                break
+            fresh = req.req_pool_idx is None
+            if fresh and not self.kv.match_and_lock(req):
+                break
+            size = adder.extend_size(req)
+            if size is None or not adder.fits(req, size):
+                if fresh:
+                    self.kv.release(req, insert=False)
+                break
+            if fresh and req.num_retractions == 0:
+                req.cached_tokens = req.num_cached  # retracted requests stop counting (SGLang)
+            self.kv.alloc_tokens(req, size)
+            adder.add(req, size)
+        if not adder.admitted:
+            return None
+        admitted = set(map(id, adder.admitted))
+        self.waiting = [r for r in self.waiting if id(r) not in admitted]
+        self.chunked_req = adder.new_chunked_req
+        return adder.admitted, self._build_extend(adder.admitted)
+
+    def _build_extend(self, reqs: list[Req]) -> ModelWorkerBatch:
+        input_ids: list[int] = []
+        slots: list[int] = []
+        lp_starts: list[Optional[int]] = []
+        table = self.kv.req_to_token_pool.req_to_token
+        for r in reqs:
+            start = r.num_cached
+            input_ids.extend(r.fill_ids[start:start + r.extend_len])
+            slots.extend(table[r.req_pool_idx, start:start + r.extend_len].tolist())
+            wants = not r.input_logprobs_done and r.logprob_start_len is not None
+            lp_starts.append(max(0, max(r.logprob_start_len - 1, 0) - start) if wants else None)  # type: ignore[operator]
+        return ModelWorkerBatch(ForwardMode.EXTEND, input_ids, [r.req_pool_idx for r in reqs],
+                                [r.num_cached for r in reqs], [r.extend_len for r in reqs], slots, lp_starts)
+
+    def _get_decode_batch(self) -> Optional[tuple[list[Req], ModelWorkerBatch]]:
+        if not self.running:
+            return None
+        self._retract_if_needed()
+        slots: list[int] = []
+        for r in self.running:
+            r.extend_len = 1
+            slots.extend(self.kv.alloc_tokens(r, 1))  # type: ignore[arg-type]
+        reqs = list(self.running)
+        mwb = ModelWorkerBatch(ForwardMode.DECODE, [r.output_ids[-1] for r in reqs], [r.req_pool_idx for r in reqs],
+                               [r.num_cached for r in reqs], [1] * len(reqs), slots)
+        self.new_token_ratio = max(self.min_ratio, self.new_token_ratio - (self.init_ratio - self.min_ratio) / NEW_TOKEN_RATIO_DECAY_STEPS)
+        return reqs, mwb
+
+    def _retract_if_needed(self) -> None:
+        """Free KV of the least-advanced requests until every running one can take a decode token."""
+        def need() -> int:
+            return sum(self.kv.pages_needed(r, 1) for r in self.running) * self.kv.page_size
+
+        # Fewest outputs first; among equals, the longest prompt (most memory) first.
+        order = sorted(self.running, key=lambda r: (len(r.output_ids), -len(r.origin_input_ids)))
+        retracted = []
+        while need() > self.kv.available_tokens():
+            if len(self.running) == 1:
+                r = self.running[0]
+                r.to_abort = FinishReason(type="abort", status_code=503, message=(
+                    "out of KV cache memory: the request does not fit even alone; raise --max-total-tokens"))
+                self._reap_aborted()
+                return
+            victim = order.pop(0)
+            self.running.remove(victim)
+            self.kv.release(victim, insert=False)
+            victim.reset_for_retract()
+            retracted.append(victim)
+        if retracted:
+            self.stats["retractions"] += len(retracted)
+            self.waiting = retracted + self.waiting
+            total_new = sum(r.max_new_tokens for r in self.running) or 1
+            decoded = sum(len(r.output_ids) for r in self.running)
+            remaining = sum(r.max_new_tokens - len(r.output_ids) for r in self.running)
+            self.new_token_ratio = min(1.0, (decoded + 20 * remaining) / total_new)
+            logger.info("retracted %d request(s); new_token_ratio %.3f", len(retracted), self.new_token_ratio)
+
+    def _after_batch(self, reqs: list[Req], mode: ForwardMode, finished: list[Req]) -> None:
+        for r in finished:
+            self.kv.release(r, insert=True)
+        done = set(map(id, finished))
+        if mode is ForwardMode.EXTEND:
+            for r in reqs:
+                if id(r) in done:
+                    continue
+                self.kv.cache_unfinished(r)
+                if r is not self.chunked_req:
+                    self.running.append(r)
+        else:
+            self.running = [r for r in self.running if id(r) not in done]
+        self._emit([r for r in reqs if r.stream or id(r) in done])
+
+    def _emit(self, reqs: list[Req]) -> None:
+        out = build_batch_output(reqs, self.stats)
+        if out is not None:
+            self.send_output(out)
+
+    # ---- control --------------------------------------------------------------------------
+    def flush_cache(self) -> FlushCacheOut:
+        if not self.is_idle():
+            return FlushCacheOut(success=False, message="cannot flush the cache while requests are queued or running")
+        self.kv.flush()
+        return FlushCacheOut(success=True)
+
+    def internal_state(self) -> InternalState:
+        kv = self.kv
+        return InternalState(
+            max_total_num_tokens=kv.total_tokens, available_size=kv.pool.available_size,
+            evictable_size=kv.tree.evictable_size(), protected_size=kv.tree.protected_size(),
+            num_running_reqs=len(self.running) + (self.chunked_req is not None), num_waiting_reqs=len(self.waiting),
+            num_retractions=self.stats["retractions"], num_prompt_tokens=self.stats["prompt_tokens"],
+            num_generation_tokens=self.stats["generation_tokens"], num_cached_tokens=self.stats["cached_tokens"],
+            page_size=self.args.page_size, context_len=self.context_len)

@@ -1,0 +1,34 @@
+"""Validation of a tokenized generate request, shared by the Engine, the TokenizerManager (which
+reject early with HTTP 400) and the Scheduler (which aborts defensively with status 400)."""
+
+from __future__ import annotations
+
+from radixlm.srt.sampling_params import SamplingParams, SamplingParamsError
+
+
+class InvalidRequestError(ValueError):
+    """A request that can never run (maps to HTTP 400). The message says what and why."""
+
+
+def validate_generate_input(input_ids: list[int], params: SamplingParams, vocab_size: int,
+                            context_len: int, strict_max_new_tokens: bool = False) -> None:
+    """Raise ``InvalidRequestError`` for an empty or too-long prompt, out-of-vocabulary ids or bad
+    sampling values. With ``strict_max_new_tokens``, a ``max_new_tokens`` that cannot fit in the
+    context is an error too (the HTTP edge); otherwise it is clamped later."""
+    n = len(input_ids)
+    if n == 0:
+        raise InvalidRequestError("the input is empty: give a non-empty text or input_ids")
+    if n >= context_len:
+        raise InvalidRequestError(f"The input ({n} tokens) is longer than the model's context length "
+                                  f"({context_len} tokens)")
+    for t in input_ids:
+        if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab_size:
+            raise InvalidRequestError(f"input token id {t!r} is outside the vocabulary [0, {vocab_size})")
+    try:
+        params.verify(vocab_size)
+    except SamplingParamsError as e:
+        raise InvalidRequestError(str(e)) from None
+    if strict_max_new_tokens and params.max_new_tokens is not None and n + params.max_new_tokens > context_len:
+        raise InvalidRequestError(
+            f"Requested token count exceeds the model's context length: the input has {n} tokens and "
+            f"max_new_tokens is {params.max_new_tokens}, together more than {context_len}")

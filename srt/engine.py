@@ -1,0 +1,144 @@
+"""The offline, in-process engine: ``radixlm.Engine(model_path=..., **server_args)``.
+
+Same request and response shapes as SGLang's ``/generate`` (``shared/docs/sglang-reference.md``
+section 2.1): ``generate(prompt | list | input_ids, sampling_params) -> dict | list[dict]`` with
+``text``, ``output_ids`` and ``meta_info``. The scheduler and the detokenizer run in this process,
+driven synchronously; no sockets.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+import uuid
+from typing import Any, Optional, Union
+
+from radixlm.managers.detokenizer_manager import DetokenizerManager
+from radixlm.managers.io_struct import BatchStrOut, BatchTokenOut, TokenizedGenerateReq
+from radixlm.managers.response import ResponseAccumulator
+from radixlm.managers.scheduler import Scheduler
+from radixlm.managers.tp_worker import TpModelWorker
+from radixlm.managers.validation import InvalidRequestError, validate_generate_input
+from radixlm.srt.model_config import ModelConfig
+from radixlm.srt.model_loader import load_tokenizer
+from radixlm.srt.sampling_params import SamplingParams, SamplingParamsError
+from radixlm.srt.server_args import ServerArgs
+
+Prompt = Union[str, list[str], None]
+InputIds = Union[list[int], list[list[int]], None]
+
+
+class Engine:
+    """In-process generation engine.
+
+    Args:
+        model_path: HF folder, .gguf file or hub id (None: the demo model).
+        **kwargs: any ``ServerArgs`` field (``page_size``, ``chunked_prefill_size``, ``max_total_tokens``, ...).
+
+    Raises:
+        ServerArgsError: unknown or invalid option.
+        ModelLoadError: the model cannot be loaded.
+    """
+
+    def __init__(self, model_path: Optional[str] = None, **kwargs: Any):
+        self.server_args = ServerArgs.from_kwargs(model_path=model_path, **kwargs)
+        args = self.server_args
+        self.model_config = ModelConfig.from_path(args.model_path, dtype=args.dtype, context_length=args.context_length,
+                                                  device=args.device, cache_dir=args.cache_dir)
+        self.tokenizer = load_tokenizer(self.model_config.model_path, args.tokenizer_path)
+        self.worker = TpModelWorker(self.model_config, args)
+        self._outbox: list[BatchTokenOut] = []
+        self.scheduler = Scheduler(args, self.worker, self.tokenizer, self._outbox.append)
+        self.detokenizer = DetokenizerManager(self.tokenizer)
+        self._ids = itertools.count()
+
+    # ---- public API ------------------------------------------------------------------------
+    def generate(self, prompt: Prompt = None, sampling_params: Union[dict, list[dict], None] = None,
+                 input_ids: InputIds = None, return_logprob: bool = False, logprob_start_len: int = -1,
+                 top_logprobs_num: int = 0, rid: Union[str, list[str], None] = None) -> Union[dict, list[dict]]:
+        """Generate for one prompt (returns a dict) or a batch (returns a list, in input order).
+
+        Raises:
+            InvalidRequestError: bad input (empty, too long, ids outside the vocabulary, bad
+                sampling values); nothing is queued then.
+        """
+        batch, prompts_ids = self._normalize(prompt, input_ids)
+        n = len(prompts_ids)
+        params_list = self._params(sampling_params, n)
+        rids = self._rids(rid, n)
+        msgs = []
+        for ids, params, r in zip(prompts_ids, params_list, rids):
+            validate_generate_input(ids, params, self.model_config.vocab_size, self.model_config.context_len)
+            msgs.append(TokenizedGenerateReq(rid=r, input_ids=ids, sampling_params=params,
+                                             return_logprob=return_logprob, logprob_start_len=logprob_start_len,
+                                             top_logprobs_num=top_logprobs_num))
+        results = self._run(msgs)
+        out = [results[m.rid] for m in msgs]
+        return out if batch else out[0]
+
+    def flush_cache(self) -> bool:
+        return self.scheduler.flush_cache().success
+
+    def get_server_info(self) -> dict:
+        state = self.scheduler.internal_state()
+        return {**self.server_args.to_dict(), "max_total_num_tokens": state.max_total_num_tokens,
+                "internal_state": {f: getattr(state, f) for f in state.__struct_fields__}}
+
+    def shutdown(self) -> None:
+        self.scheduler.waiting.clear()
+
+    # ---- internals -------------------------------------------------------------------------
+    def _run(self, msgs: list[TokenizedGenerateReq]) -> dict[str, dict]:
+        acc = {m.rid: ResponseAccumulator(m.rid, m.return_logprob, self.tokenizer) for m in msgs}
+        start = time.monotonic()
+        for m in msgs:
+            self.scheduler.add_request(m)
+        while not all(a.finished for a in acc.values()):
+            progressed = self.scheduler.step()
+            self._drain(acc, start)
+            if not progressed and not all(a.finished for a in acc.values()) and self.scheduler.is_idle():
+                raise RuntimeError("scheduler went idle with unfinished requests")
+        self._drain(acc, start)
+        return {rid: a.result() for rid, a in acc.items()}
+
+    def _drain(self, acc: dict[str, ResponseAccumulator], start: float) -> None:
+        while self._outbox:
+            str_out: BatchStrOut = self.detokenizer.handle(self._outbox.pop(0))
+            for i, rid in enumerate(str_out.token_out.rids):
+                if rid in acc:
+                    acc[rid].add(str_out, i, time.monotonic() - start)
+
+    def _normalize(self, prompt: Prompt, input_ids: InputIds) -> tuple[bool, list[list[int]]]:
+        if (prompt is None) == (input_ids is None):
+            raise InvalidRequestError("give exactly one of prompt and input_ids")
+        if prompt is not None:
+            if isinstance(prompt, str):
+                return False, [self.tokenizer.encode(prompt)]
+            if not isinstance(prompt, list) or not all(isinstance(p, str) for p in prompt) or not prompt:
+                raise InvalidRequestError("prompt must be a string or a non-empty list of strings")
+            return True, [self.tokenizer.encode(p) for p in prompt]
+        assert input_ids is not None
+        if input_ids and all(isinstance(x, list) for x in input_ids):
+            return True, [list(x) for x in input_ids]  # type: ignore[arg-type]
+        if not all(isinstance(x, int) and not isinstance(x, bool) for x in input_ids):
+            raise InvalidRequestError("input_ids must be a list of ints or a list of lists of ints")
+        return False, [list(input_ids)]  # type: ignore[arg-type]
+
+    def _params(self, sp: Union[dict, list[dict], None], n: int) -> list[SamplingParams]:
+        try:
+            if isinstance(sp, list):
+                if len(sp) != n:
+                    raise InvalidRequestError(f"got {len(sp)} sampling_params for {n} prompts")
+                return [SamplingParams.from_dict(d) for d in sp]
+            return [SamplingParams.from_dict(sp)] * n
+        except SamplingParamsError as e:
+            raise InvalidRequestError(str(e)) from None
+
+    def _rids(self, rid: Union[str, list[str], None], n: int) -> list[str]:
+        if rid is None:
+            return [uuid.uuid4().hex for _ in range(n)]
+        if isinstance(rid, str):
+            return [rid] if n == 1 else [f"{rid}_{i}" for i in range(n)]
+        if len(rid) != n:
+            raise InvalidRequestError(f"got {len(rid)} rids for {n} prompts")
+        return list(rid)

@@ -1,0 +1,1 @@
+"""Model building blocks: tensor-parallel linears, embeddings, norms, rotary embedding."""

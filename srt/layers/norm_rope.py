@@ -1,0 +1,59 @@
+"""RMSNorm and rotary position embedding, computed exactly as Hugging Face transformers does.
+
+RoPE frequencies come from transformers' own ``ROPE_INIT_FUNCTIONS`` (default, llama3, linear,
+yarn, ...) so every rope scaling type matches the reference implementation.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    """y = w * x / sqrt(mean(x^2) + eps), computed in fp32 (Zhang & Sennrich 2019; HF LlamaRMSNorm)."""
+
+    def __init__(self, hidden: int, eps: float, dtype: torch.dtype):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden, dtype=dtype), requires_grad=False)
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        in_dtype = x.dtype
+        x = x.to(torch.float32)
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(in_dtype)
+
+
+def rope_inv_freq(hf_config, head_dim: int) -> tuple[torch.Tensor, float]:
+    """Inverse frequencies (head_dim // 2,) float32 and the attention scaling factor."""
+    params = getattr(hf_config, "rope_parameters", None) or {}
+    rope_type = params.get("rope_type", "default")
+    if rope_type == "default":
+        base = params.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
+        inv = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+        return inv, 1.0
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    return ROPE_INIT_FUNCTIONS[rope_type](hf_config, "cpu")
+
+
+class RotaryEmbedding(nn.Module):
+    """Applies RoPE (Su et al. 2021) in HF's rotate-half layout to q and k of shape (T, heads, head_dim)."""
+
+    def __init__(self, hf_config, head_dim: int):
+        super().__init__()
+        inv_freq, self.scaling = rope_inv_freq(hf_config, head_dim)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions.float()[:, None] * self.inv_freq.to(q.device)[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos = (emb.cos() * self.scaling).to(q.dtype)[:, None, :]
+        sin = (emb.sin() * self.scaling).to(q.dtype)[:, None, :]
+        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)

@@ -1,0 +1,99 @@
+"""Owns the model, the KV pools and the attention backend of one tensor-parallel rank.
+
+``ModelRunner.forward(batch)`` turns a ``ModelWorkerBatch`` into logits. Pool sizing follows
+SGLang: ``--max-total-tokens`` if given, else what fits in ``--mem-fraction-static`` of the device's
+memory after the weights.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+
+from radixlm.kernels.attention import create_attention_backend
+from radixlm.radix_cache import PagePool
+from radixlm.srt.forward_batch import ForwardBatch, ModelWorkerBatch
+from radixlm.srt.kv_pool import KVPool, ReqToTokenPool
+from radixlm.srt.layers.parallel_state import TpGroup
+from radixlm.srt.model_config import ModelConfig
+from radixlm.srt.model_loader import iter_weights
+from radixlm.srt.models.registry import get_model_class
+from radixlm.srt.server_args import ServerArgs
+
+logger = logging.getLogger(__name__)
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("--device cuda was asked for, but CUDA is not available")
+    return torch.device(device)
+
+
+class ModelRunner:
+    """Model + pools of one rank.
+
+    Attributes:
+        req_to_token_pool: (max_running_requests + 1, context_len) slot map.
+        kv_pool: per-layer K/V buffers of ``max_total_num_tokens`` slots (+ one dummy page).
+        page_pool: the page allocator the scheduler's radix tree frees into.
+    """
+
+    def __init__(self, model_config: ModelConfig, server_args: ServerArgs, tp: TpGroup = TpGroup(),
+                 device: torch.device | None = None):
+        self.model_config = model_config
+        self.server_args = server_args
+        self.tp = tp
+        self.device = device or resolve_device(server_args.device)
+        self.dtype = model_config.dtype
+        cfg = model_config.hf_config
+        model_cls = get_model_class(model_config.architecture)
+        with torch.device(self.device):
+            self.model = model_cls(cfg, tp, self.dtype)
+        self.model.load_weights(iter_weights(model_config.model_path))
+        self.model.eval()
+        attn = self.model.layers[0].self_attn
+        self.num_kv_heads = attn.num_kv_heads
+        self.attn_backend = create_attention_backend(
+            server_args.attention_backend, str(self.device), num_heads=attn.num_heads,
+            num_kv_heads=attn.num_kv_heads, head_dim=attn.head_dim, scaling=attn.head_dim ** -0.5)
+        self._init_memory_pool()
+
+    def _init_memory_pool(self) -> None:
+        args, mc = self.server_args, self.model_config
+        per_token = KVPool.bytes_per_token(mc.num_hidden_layers, self.num_kv_heads, mc.head_dim, self.dtype)
+        if args.max_total_tokens is not None:
+            total = args.max_total_tokens
+        else:
+            weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
+            budget = int(_device_memory(self.device) * args.mem_fraction_static) - weight_bytes
+            if budget <= per_token * args.page_size * 2:
+                raise RuntimeError(
+                    f"--mem-fraction-static {args.mem_fraction_static} leaves no room for the KV cache "
+                    f"(weights take {weight_bytes / 2**20:.0f} MiB); raise it or set --max-total-tokens")
+            # No point holding more than every running request at full context.
+            total = min(budget // per_token, mc.context_len * args.max_running_requests)
+        num_pages = max(2, total // args.page_size)
+        self.max_total_num_tokens = num_pages * args.page_size
+        self.page_pool = PagePool(num_pages, args.page_size)
+        self.kv_pool = KVPool(num_pages, args.page_size, mc.num_hidden_layers, self.num_kv_heads,
+                              mc.head_dim, self.dtype, self.device)
+        # One row more than max running: the chunked request holds a row while not yet running.
+        self.req_to_token_pool = ReqToTokenPool(args.max_running_requests + 1, mc.context_len, self.device)
+        logger.info("KV cache: %d tokens in %d pages of %d (%.1f MiB)", self.max_total_num_tokens,
+                    num_pages, args.page_size, self.max_total_num_tokens * per_token / 2**20)
+
+    def forward(self, batch: ModelWorkerBatch) -> torch.Tensor:
+        """Run the model; returns logits (R, vocab) float32 for the rows chosen by the batch."""
+        fb = ForwardBatch.init_new(batch, self.req_to_token_pool, self.kv_pool, self.attn_backend, self.device)
+        return self.model(fb.input_ids, fb.positions, fb)
+
+
+def _device_memory(device: torch.device) -> int:
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        return free
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

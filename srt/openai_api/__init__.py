@@ -1,0 +1,1 @@
+"""radixlm.srt.openai_api"""

@@ -1,0 +1,155 @@
+"""Per-request sampling parameters, with SGLang's field names and defaults.
+
+Follows SGLang's ``srt/sampling/sampling_params.py`` contract (see
+``shared/docs/sglang-reference.md`` section 2.1). The struct is plain data (a ``msgspec.Struct``),
+so it travels on the wire inside ``TokenizedGenerateReq`` without pickle.
+
+``None`` in an incoming dict means "use the default", as SGLang's own frontend sends every field
+with unset ones as JSON ``null``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional, Union
+
+import msgspec
+
+_GREEDY_TEMPERATURE = 1e-6
+
+
+class SamplingParamsError(ValueError):
+    """A sampling parameter is out of range or of the wrong type (maps to HTTP 400)."""
+
+
+class SamplingParams(msgspec.Struct, kw_only=True):
+    """Sampling and stopping controls of one request.
+
+    Fields (units are tokens unless said otherwise):
+        max_new_tokens: cap on generated tokens (default 128); 0 only prefills and caches the prompt.
+        min_new_tokens: EOS and ``stop_token_ids`` are masked until this many tokens exist.
+        stop: stop strings (str or list of str); matched across token boundaries.
+        stop_token_ids: extra token ids that end generation.
+        temperature: softmax temperature; below 1e-6 means greedy.
+        top_p: nucleus mass in (0, 1]. top_k: -1 = whole vocabulary, else >= 1.
+        min_p: in [0, 1], drops tokens with prob < min_p * max prob.
+        frequency_penalty, presence_penalty: in [-2, 2], over output tokens (OpenAI semantics).
+        repetition_penalty: accepted for compatibility, must be 1.0 (not applied).
+        logit_bias: token id (str or int) -> additive bias.
+        sampling_seed: per-request seed; same seed + same prompt gives the same text in any batch.
+        ignore_eos, skip_special_tokens, spaces_between_special_tokens, no_stop_trim: as SGLang.
+        json_schema, regex, ebnf: grammar constraints (at most one).
+        n: parallel samples (expanded by the tokenizer manager).
+    """
+
+    max_new_tokens: Optional[int] = 128
+    min_new_tokens: int = 0
+    stop: Optional[Union[str, list[str]]] = None
+    stop_token_ids: Optional[list[int]] = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: Optional[dict[str, float]] = None
+    sampling_seed: Optional[int] = None
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    no_stop_trim: bool = False
+    json_schema: Optional[str] = None
+    regex: Optional[str] = None
+    ebnf: Optional[str] = None
+    n: int = 1
+    stream_interval: Optional[int] = None
+
+    @classmethod
+    def from_dict(cls, d: Optional[dict[str, Any]]) -> "SamplingParams":
+        """Build from a JSON-like dict; ``None`` values take defaults; unknown keys are errors.
+
+        Raises:
+            SamplingParamsError: unknown field or a value of the wrong type.
+        """
+        if d is None:
+            return cls()
+        if not isinstance(d, dict):
+            raise SamplingParamsError(f"sampling_params must be an object, got {type(d).__name__}")
+        known = set(cls.__struct_fields__)
+        # Unknown keys sent as null are tolerated: SGLang's frontend sends every field it knows.
+        unknown = sorted(k for k, v in d.items() if k not in known and v is not None)
+        if unknown:
+            raise SamplingParamsError(f"unknown sampling parameter(s): {', '.join(unknown)}")
+        clean = {k: v for k, v in d.items() if v is not None and k in known}
+        if isinstance(clean.get("json_schema"), (dict, list)):
+            clean["json_schema"] = msgspec.json.encode(clean["json_schema"]).decode()
+        if "logit_bias" in clean and isinstance(clean["logit_bias"], dict):
+            clean["logit_bias"] = {str(k): v for k, v in clean["logit_bias"].items()}
+        try:
+            return msgspec.convert(clean, cls, strict=False)
+        except msgspec.ValidationError as e:
+            raise SamplingParamsError(f"invalid sampling_params: {e}") from None
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature < _GREEDY_TEMPERATURE or self.top_k == 1
+
+    def stop_strs(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+    def verify(self, vocab_size: int) -> None:
+        """Check ranges; raise ``SamplingParamsError`` with a message naming the field."""
+        def finite(name: str, v: float) -> None:
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+                raise SamplingParamsError(f"{name} must be a finite number, got {v!r}")
+
+        for name in ("temperature", "top_p", "min_p", "frequency_penalty", "presence_penalty",
+                     "repetition_penalty"):
+            finite(name, getattr(self, name))
+        if self.temperature < 0:
+            raise SamplingParamsError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise SamplingParamsError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k == 0 or self.top_k < -1:
+            raise SamplingParamsError(f"top_k must be -1 (disabled) or >= 1, got {self.top_k}")
+        if not 0 <= self.min_p <= 1:
+            raise SamplingParamsError(f"min_p must be in [0, 1], got {self.min_p}")
+        for name in ("frequency_penalty", "presence_penalty"):
+            v = getattr(self, name)
+            if not -2 <= v <= 2:
+                raise SamplingParamsError(f"{name} must be in [-2, 2], got {v}")
+        if self.repetition_penalty != 1.0:
+            raise SamplingParamsError("repetition_penalty is not supported (must be 1.0)")
+        if self.max_new_tokens is not None and self.max_new_tokens < 0:
+            raise SamplingParamsError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
+        if self.min_new_tokens < 0:
+            raise SamplingParamsError(f"min_new_tokens must be >= 0, got {self.min_new_tokens}")
+        if self.max_new_tokens is not None and self.min_new_tokens > self.max_new_tokens:
+            raise SamplingParamsError(
+                f"min_new_tokens ({self.min_new_tokens}) must be <= max_new_tokens "
+                f"({self.max_new_tokens})")
+        if self.n < 1:
+            raise SamplingParamsError(f"n must be >= 1, got {self.n}")
+        for tid in self.stop_token_ids or []:
+            if not 0 <= tid < vocab_size:
+                raise SamplingParamsError(
+                    f"stop_token_ids entry {tid} is outside the vocabulary [0, {vocab_size})")
+        for s in self.stop_strs():
+            if not s:
+                raise SamplingParamsError("stop strings must be non-empty")
+        for key, bias in (self.logit_bias or {}).items():
+            try:
+                tid = int(key)
+            except ValueError:
+                raise SamplingParamsError(f"logit_bias key {key!r} is not a token id") from None
+            if not 0 <= tid < vocab_size:
+                raise SamplingParamsError(
+                    f"logit_bias token id {tid} is outside the vocabulary [0, {vocab_size})")
+            finite(f"logit_bias[{key}]", bias)
+        grammars = [g for g in (self.json_schema, self.regex, self.ebnf) if g is not None]
+        if len(grammars) > 1:
+            raise SamplingParamsError("only one of json_schema, regex and ebnf may be given")
+

@@ -1,0 +1,130 @@
+"""Server and engine configuration: one frozen dataclass, the CLI derived from its fields.
+
+Flag names follow SGLang's (``--model-path --port --tp-size --page-size --chunked-prefill-size
+--max-running-requests --mem-fraction-static --schedule-policy --disable-radix-cache
+--grammar-backend --attention-backend --device``). Unknown options are errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Optional, get_type_hints
+
+SCHEDULE_POLICIES = ("lpm", "fcfs")
+ATTENTION_BACKENDS = ("auto", "torch_native", "flashinfer")
+GRAMMAR_BACKENDS = ("xgrammar", "outlines", "none")
+DEVICES = ("auto", "cpu", "cuda")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+class ServerArgsError(ValueError):
+    """An invalid combination or value of server arguments."""
+
+
+@dataclass(frozen=True)
+class ServerArgs:
+    """All options of ``radixlm serve`` and ``radixlm.Engine``.
+
+    Sizes are in tokens unless said otherwise. ``None`` means "choose automatically".
+    """
+
+    model_path: Optional[str] = field(default=None, metadata={"help": "HF folder, .gguf file or hub id; default: the SmolLM2-135M-Instruct demo model"})
+    tokenizer_path: Optional[str] = field(default=None, metadata={"help": "tokenizer folder (default: the model's)"})
+    served_model_name: Optional[str] = field(default=None, metadata={"help": "model id reported by /v1/models"})
+    chat_template: Optional[str] = field(default=None, metadata={"help": "Jinja chat template file overriding the tokenizer's"})
+    host: str = field(default="127.0.0.1", metadata={"help": "HTTP bind address"})
+    port: int = field(default=30000, metadata={"help": "HTTP port"})
+    api_key: Optional[str] = field(default=None, metadata={"help": "require 'Authorization: Bearer KEY' on every route but /health"})
+    device: str = field(default="auto", metadata={"help": "auto|cpu|cuda"})
+    dtype: str = field(default="auto", metadata={"help": "auto (fp32 on CPU)|float32|bfloat16|float16"})
+    context_length: Optional[int] = field(default=None, metadata={"help": "override the model's context length"})
+    tp_size: int = field(default=1, metadata={"help": "tensor-parallel ranks"})
+    page_size: int = field(default=1, metadata={"help": "tokens per KV page (power of two)"})
+    max_total_tokens: Optional[int] = field(default=None, metadata={"help": "KV pool size in tokens (default: from --mem-fraction-static)"})
+    mem_fraction_static: float = field(default=0.1, metadata={"help": "fraction of (CPU or GPU) memory for weights + KV pool"})
+    max_running_requests: int = field(default=64, metadata={"help": "max requests in a decode batch"})
+    max_queued_requests: Optional[int] = field(default=None, metadata={"help": "answer 503 beyond this many waiting requests"})
+    chunked_prefill_size: int = field(default=512, metadata={"help": "max tokens of one request per extend step; -1 disables chunking"})
+    max_prefill_tokens: int = field(default=4096, metadata={"help": "token budget of one extend batch"})
+    schedule_policy: str = field(default="lpm", metadata={"help": "lpm (longest prefix match) | fcfs"})
+    schedule_conservativeness: float = field(default=1.0, metadata={"help": "scales the decode-memory reservation"})
+    disable_radix_cache: bool = field(default=False, metadata={"help": "turn prefix caching off"})
+    attention_backend: str = field(default="auto", metadata={"help": "auto|torch_native|flashinfer"})
+    grammar_backend: str = field(default="xgrammar", metadata={"help": "xgrammar|outlines|none"})
+    disable_cuda_graph: bool = field(default=False, metadata={"help": "run decode eagerly on CUDA"})
+    random_seed: int = field(default=0, metadata={"help": "seed of unseeded sampling"})
+    cache_dir: Optional[str] = field(default=None, metadata={"help": "where converted GGUF weights are cached"})
+    log_level: str = field(default="info", metadata={"help": "logging level"})
+
+    def validate(self) -> None:
+        """Raise ``ServerArgsError`` naming the offending option."""
+        def choice(name: str, allowed: tuple[str, ...]) -> None:
+            if getattr(self, name) not in allowed:
+                raise ServerArgsError(f"--{name.replace('_', '-')} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
+
+        choice("schedule_policy", SCHEDULE_POLICIES)
+        choice("attention_backend", ATTENTION_BACKENDS)
+        choice("grammar_backend", GRAMMAR_BACKENDS)
+        choice("device", DEVICES)
+        choice("dtype", DTYPES)
+        if self.page_size < 1 or self.page_size & (self.page_size - 1):
+            raise ServerArgsError(f"--page-size must be a power of two, got {self.page_size}")
+        if self.tp_size < 1:
+            raise ServerArgsError(f"--tp-size must be >= 1, got {self.tp_size}")
+        if self.chunked_prefill_size != -1 and self.chunked_prefill_size < 1:
+            raise ServerArgsError("--chunked-prefill-size must be -1 (off) or >= 1")
+        if self.max_running_requests < 1:
+            raise ServerArgsError("--max-running-requests must be >= 1")
+        if self.max_prefill_tokens < 1:
+            raise ServerArgsError("--max-prefill-tokens must be >= 1")
+        if self.max_total_tokens is not None and self.max_total_tokens < self.page_size * 2:
+            raise ServerArgsError("--max-total-tokens must hold at least two pages")
+        if not 0 < self.mem_fraction_static < 1:
+            raise ServerArgsError("--mem-fraction-static must be in (0, 1)")
+        if not 1 <= self.port <= 65535:
+            raise ServerArgsError(f"--port must be in 1..65535, got {self.port}")
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> "ServerArgs":
+        """Build from keyword arguments (the offline Engine's form); unknown names are errors."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(kwargs) - names)
+        if unknown:
+            raise ServerArgsError(f"unknown server argument(s): {', '.join(unknown)}")
+        args = cls(**kwargs)
+        args.validate()
+        return args
+
+    @classmethod
+    def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
+        """Add one ``--flag-name`` per field, typed from the field's annotation."""
+        hints = get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            flag = "--" + f.name.replace("_", "-")
+            typ = hints[f.name]
+            help_text = f.metadata.get("help", "")
+            if typ is bool:
+                parser.add_argument(flag, action="store_true", default=f.default, help=help_text)
+                continue
+            base = _base_type(typ)
+            parser.add_argument(flag, type=base, default=f.default, help=f"{help_text} (default: {f.default})")
+
+    @classmethod
+    def from_cli_args(cls, ns: argparse.Namespace) -> "ServerArgs":
+        args = cls(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(cls)})
+        args.validate()
+        return args
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d.pop("api_key", None)  # never echo the secret
+        return d
+
+
+def _base_type(typ: Any) -> type:
+    args = getattr(typ, "__args__", None)
+    if args:  # Optional[X]
+        return next(a for a in args if a is not type(None))
+    return typ
