@@ -15,11 +15,12 @@ Conventions (all tensors live on the logits' device; bs = batch size, V = logits
 * Filters are *joint*, as SGLang/FlashInfer ``filter_apply_order="joint"``: top-k, top-p and min-p
   are all judged on the same temperature-scaled distribution (no renormalisation in between).
 * top-p keeps the smallest prefix of the sorted distribution whose mass reaches ``top_p``: a token
-  is dropped when the mass ranked strictly before it is ``>= top_p`` (Holtzman et al.'s nucleus,
-  vLLM's and FlashInfer's convention; SGLang's torch fallback uses ``>`` and so also keeps a token
-  whose preceding mass equals ``top_p`` exactly). Because float32 softmax sums are inexact, "reaches"
-  allows ``_TOP_P_SLACK`` (1e-6) of slack: with probs [0.5, 0.3, 0.15, 0.05] and top_p = 0.8 only
-  ids 0 and 1 survive. The top-ranked token always survives.
+  is dropped when the mass ranked strictly before it is ``>= top_p`` (Holtzman et al.'s nucleus and
+  vLLM's ``cumsum_ascending <= 1 - p`` rule; SGLang's torch fallback uses ``>`` and so also keeps a
+  token whose preceding mass equals ``top_p`` exactly). Float32 softmax sums are inexact, so
+  "reaches" allows ``_TOP_P_SLACK`` (1e-6) of slack: with probs [0.5, 0.3, 0.15, 0.05] and
+  top_p = 0.8 only ids 0 and 1 survive. Rows with top_p = 1 are never trimmed, and the top-ranked
+  token always survives.
 * Draws use the exponential race: ``argmax(probs / E)`` with ``E ~ Exp(1)`` i.i.d. per token picks
   token ``i`` with probability ``probs[i] / sum(probs)``, so filtered probabilities need no
   renormalisation. A row with a ``sampling_seed`` draws ``E`` from its own generator seeded by
@@ -84,7 +85,7 @@ class SamplingBatchInfo:
     seeded_rows: tuple[tuple[int, int], ...] = ()
     # Sparse logit edits; None when no row uses them, so the common path costs nothing.
     penalties: Optional[TokenUpdates] = None  # subtracted: freq * count + pres * (count > 0)
-    min_tokens_block: Optional[TokenUpdates] = None  # set to -inf: EOS/stop ids before min_new_tokens
+    min_tokens_block: Optional[TokenUpdates] = None  # -inf: EOS/stop ids before min_new_tokens
     logit_bias: Optional[TokenUpdates] = None  # added
 
     @classmethod
@@ -122,7 +123,7 @@ class SamplingBatchInfo:
         steps = [len(out) for out in output_ids]
         seeds = [p.sampling_seed for p in params]
         return cls(
-            temperatures=torch.tensor([[1.0 if g else p.temperature] for p, g in zip(params, greedy)],
+            temperatures=torch.tensor([1.0 if g else p.temperature for p, g in zip(params, greedy)],
                                       dtype=torch.float32, device=device).view(bs, 1),
             top_ps=torch.tensor([1.0 if g else p.top_p for p, g in zip(params, greedy)],
                                 dtype=torch.float32, device=device),
@@ -175,7 +176,7 @@ def _updates(rows: torch.Tensor, ids: torch.Tensor, values: torch.Tensor,
 
 def _penalty_updates(params: list[SamplingParams], output_ids: list[list[int]], vocab_size: int,
                      device: Union[torch.device, str]) -> Optional[TokenUpdates]:
-    """OpenAI frequency/presence penalties over each row's output tokens, one entry per seen token."""
+    """OpenAI frequency/presence penalties over each row's output tokens, one per seen token."""
     rows = [i for i, p in enumerate(params)
             if (p.frequency_penalty != 0.0 or p.presence_penalty != 0.0) and output_ids[i]]
     if not rows:
@@ -213,7 +214,8 @@ def _logit_bias_updates(params: list[SamplingParams], vocab_size: int,
         for key, bias in (p.logit_bias or {}).items():
             tid = int(key)
             if not 0 <= tid < vocab_size:
-                raise ValueError(f"logit_bias token id {tid} outside the vocabulary [0, {vocab_size})")
+                raise ValueError(
+                    f"logit_bias token id {tid} outside the vocabulary [0, {vocab_size})")
             merged[(i, tid)] = merged.get((i, tid), 0.0) + float(bias)
     if not merged:
         return None
@@ -268,7 +270,8 @@ def unpack_vocab_mask(vocab_mask: torch.Tensor, vocab_size: int) -> torch.Tensor
     """
     words = (vocab_size + 31) // 32
     if vocab_mask.dim() != 2 or vocab_mask.shape[1] < words:
-        raise ValueError(f"vocab_mask must be (bs, >= {words}) int32, got {tuple(vocab_mask.shape)}")
+        raise ValueError(
+            f"vocab_mask must be (bs, >= {words}) int32, got {tuple(vocab_mask.shape)}")
     shifts = torch.arange(32, dtype=torch.int32, device=vocab_mask.device)
     # Arithmetic right shift of a negative word still leaves the wanted bit at position 0.
     bits = (vocab_mask[:, :words].to(torch.int32).unsqueeze(-1) >> shifts) & 1
@@ -319,7 +322,7 @@ def _top_k_threshold(probs: torch.Tensor, top_ks: torch.Tensor, top_k_max: int) 
 
 def _top_k_top_p_sorted(probs: torch.Tensor, top_ks: torch.Tensor,
                         top_ps: torch.Tensor) -> torch.Tensor:
-    """Joint top-k and top-p on one stable descending sort; see the module docstring for the rule."""
+    """Joint top-k and top-p on one stable descending sort (rule: see the module docstring)."""
     probs_sort, order = torch.sort(probs, dim=-1, descending=True, stable=True)
     ranks = torch.arange(probs.shape[1], device=probs.device)
     drop = ranks.unsqueeze(0) >= top_ks.unsqueeze(1)
@@ -361,8 +364,8 @@ def compute_logprobs(
         token_ids: (bs,) integer ids, e.g. the output of ``sample``.
         top_k: number of top alternatives per row; 0 for none; clamped to V.
     Returns:
-        (chosen (bs,) float32, top-k values (bs, k) float32 or None, top-k ids (bs, k) int64 or None),
-        the top-k sorted by descending logprob.
+        (chosen (bs,) float32, top-k values (bs, k) float32 or None,
+        top-k ids (bs, k) int64 or None), the top-k sorted by descending logprob.
     Raises:
         ValueError: top_k < 0 or token_ids not of shape (bs,).
     """

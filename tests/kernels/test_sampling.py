@@ -74,7 +74,7 @@ def test_mixed_batch_greedy_rows_stay_argmax():
 
 def test_top_k_one_is_argmax():
     logits = torch.randn(6, 30, generator=torch.Generator().manual_seed(2))
-    info = make_info([P(temperature=1.0, top_k=1, sampling_seed=i) for i in range(6)], vocab_size=30)
+    info = make_info([P(top_k=1, sampling_seed=i) for i in range(6)], vocab_size=30)
     assert torch.equal(sample(logits, info), torch.argmax(logits, dim=-1))
     # The same through the filtering path (not the greedy shortcut), with fresh noise each time.
     forced = dataclasses.replace(
@@ -149,7 +149,7 @@ def test_top_k_never_leaves_the_top_k():
 
 def test_top_p_keeps_exactly_the_nucleus():
     # Sorted mass: 0.5, 0.8, 0.95, 1.0. With p = 0.8, id 0 (0.5 < 0.8) is not enough; id 1 reaches
-    # 0.8 and is kept; id 2's preceding mass is already 0.8, so it is dropped (vLLM/FlashInfer rule).
+    # 0.8 and is kept; id 2's preceding mass is already 0.8, so it is dropped (vLLM/FlashInfer).
     logits = torch.tensor([[0.5, 0.3, 0.15, 0.05]]).log()
     tokens = draw(logits, P(top_p=0.8), 2000)
     assert set(tokens.tolist()) == {0, 1}
