@@ -18,6 +18,7 @@ import contextlib
 import glob
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -38,6 +39,7 @@ WEIGHTS_FILE = "model.safetensors"
 # transformers' GGUF config and tokenizer loaders crash, so such keys are dropped before loading.
 _TOKEN_ID_KEY = re.compile(r"^tokenizer\.ggml\.\w+_token_id$")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+logger = logging.getLogger(__name__)
 
 
 class ModelLoadError(RuntimeError):
@@ -134,13 +136,14 @@ def iter_weights(folder: str) -> Iterator[tuple[str, torch.Tensor]]:
         del state
 
 
-def load_tokenizer(folder: str, tokenizer_path: str | None = None) -> Any:
+def load_tokenizer(folder: str, tokenizer_path: str | None = None, cache_dir: str | None = None) -> Any:
     """Load the tokenizer (a ``transformers.PreTrainedTokenizerBase``) of a resolved model folder.
 
     Args:
         folder: a folder returned by :func:`resolve_model_path`.
         tokenizer_path: optional override (a folder, a ``.gguf`` file or a hub id); resolved
             the same way as a model path when it is a ``.gguf``.
+        cache_dir: GGUF conversion cache root, used only for a ``.gguf`` ``tokenizer_path``.
 
     Raises:
         ModelLoadError: the tokenizer files are missing or unreadable.
@@ -149,7 +152,7 @@ def load_tokenizer(folder: str, tokenizer_path: str | None = None) -> Any:
 
     source = tokenizer_path or folder
     if str(source).lower().endswith(".gguf"):
-        source = resolve_model_path(str(source))
+        source = resolve_model_path(str(source), cache_dir=cache_dir)
     try:
         return AutoTokenizer.from_pretrained(source)
     except Exception as exc:
@@ -252,9 +255,11 @@ def _resolve_gguf(path: Path, cache_dir: str | None) -> str:
     with _file_lock(root / f"{final.name}.lock"):
         if _is_complete(final):  # another process finished while we waited
             return str(final)
-        if final.exists():  # incomplete leftover (someone edited the cache): redo it
-            shutil.rmtree(final, ignore_errors=True)
+        # Under the lock, any temp dir for this name is a leftover of a killed conversion.
+        for stale in [final, *root.glob(f".{glob.escape(final.name)}.*")]:
+            shutil.rmtree(stale, ignore_errors=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
+        logger.info("converting GGUF %s to %s (once; later runs reuse it)", path, final)
         try:
             _convert_gguf(path, tmp)
             os.replace(tmp, final)

@@ -124,6 +124,8 @@ def test_gguf_conversion_layout(stories_gguf_folder: str, stories_cache: Path):
                  "generation_config.json"):
         assert (folder / name).is_file(), name
     assert [p.name for p in folder.parent.iterdir() if p.name.startswith(".")] == []  # no temp dirs
+    # a folder holding just one .gguf (and no config.json) stands for that file
+    assert resolve_model_path(str(STORIES_GGUF.parent), cache_dir=str(stories_cache)) == str(folder)
     cfg = ModelConfig.from_path(str(STORIES_GGUF), cache_dir=str(stories_cache))
     ref = ModelConfig.from_path(str(STORIES_HF))
     fields = ("architecture", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
@@ -181,6 +183,23 @@ def test_gguf_cache_dir_from_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path
     (done / "model.safetensors").write_bytes(b"")
     assert resolve_model_path(str(STORIES_GGUF)) == str(done)
     assert calls == []
+
+
+@needs_stories
+def test_leftover_of_killed_conversion_is_cleaned(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    root = tmp_path / "gguf"
+    leftover = root / f".stories260K-{STORIES_SHA16}.k1ll3d"
+    leftover.mkdir(parents=True)
+    (leftover / "model.safetensors").write_bytes(b"half written")
+
+    def fake_convert(src: Path, out: Path) -> None:
+        (out / "config.json").write_text("{}")
+        (out / "model.safetensors").write_bytes(b"")
+
+    monkeypatch.setattr(model_loader, "_convert_gguf", fake_convert)
+    folder = resolve_model_path(str(STORIES_GGUF), cache_dir=str(tmp_path))
+    assert folder == str(root / f"stories260K-{STORIES_SHA16}")
+    assert sorted(p.name for p in root.iterdir() if p.is_dir()) == [f"stories260K-{STORIES_SHA16}"]
 
 
 @needs_stories
