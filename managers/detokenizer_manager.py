@@ -3,9 +3,11 @@
 Per request, ``IncrementalDetokenizer`` runs vLLM/SGLang's two-offset scheme: it decodes
 ``ids[surr:read]`` and ``ids[surr:]`` and takes the difference as the new text, committing it only
 when it does not end in U+FFFD (a multi-byte character split over byte tokens is held back until its
-last byte arrives). On top of that it holds back any tail of the text that could still grow into a
-stop string, so a stop string is never streamed and later retracted, and it trims the matched stop
-string / stop token at finish (unless ``no_stop_trim``).
+last byte arrives) and, for SentencePiece byte-fallback vocabularies, only once a non-byte token
+closes the current run of ``<0xNN>`` tokens (see ``TokenizerTraits``). On top of that it holds back
+any tail of the text that could still grow into a stop string, so a stop string is never streamed
+and later retracted, and it trims the matched stop string / stop token at finish (unless
+``no_stop_trim``). Units: offsets index token ids; ``sent_offset`` indexes characters.
 
 ``DetokenizerManager`` keeps those states by rid (pure logic, no sockets; the in-process Engine
 calls it directly). ``run_detokenizer_process`` wraps it in a process between two ZMQ sockets.
@@ -13,23 +15,31 @@ calls it directly). ``run_detokenizer_process`` wraps it in a process between tw
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import logging
 import os
+import re
 import signal
 import sys
 import traceback
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from radixlm.managers.io_struct import BatchStrOut, BatchTokenOut, FinishReason
+
+if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
+
+    from radixlm.managers.ipc import IpcPaths
 
 logger = logging.getLogger(__name__)
 
 # SGLang's SGLANG_DETOKENIZER_MAX_STATES default.
 DEFAULT_MAX_STATES = 65536
 _REPLACEMENT_CHAR = "\ufffd"
+_BYTE_TOKEN = re.compile(r"^<0x[0-9A-Fa-f]{2}>$")
 # How often (ms) the process loop wakes to check for SIGTERM / a dead parent when idle.
 _POLL_MS = 200
 
@@ -50,6 +60,35 @@ def accepts_spaces_between_special_tokens(tokenizer: Any) -> bool:
     return "spaces_between_special_tokens" in params
 
 
+@dataclasses.dataclass(frozen=True)
+class TokenizerTraits:
+    """What incremental decoding needs to know about a tokenizer (computed once per tokenizer).
+
+    spaces_kwarg: see ``accepts_spaces_between_special_tokens``.
+    byte_ids: SentencePiece byte-fallback tokens (``<0xNN>``). Their decoder turns a whole run of
+        consecutive byte tokens into U+FFFDs when the run is not valid UTF-8, so text ending in such
+        a run may still change with the next byte token; it is committed only once a non-byte token
+        closes the run (or at finish).
+    special_ids: added tokens marked special (dropped before decoding when skip_special_tokens, so
+        they do not close a byte run).
+    """
+
+    spaces_kwarg: bool = False
+    byte_ids: frozenset[int] = frozenset()
+    special_ids: frozenset[int] = frozenset()
+
+    @classmethod
+    def of(cls, tokenizer: Any) -> "TokenizerTraits":
+        """Inspect a transformers tokenizer (or a duck-typed one without ``get_vocab``)."""
+        get_vocab = getattr(tokenizer, "get_vocab", None)
+        vocab = get_vocab() if callable(get_vocab) else {}
+        byte_ids = frozenset(i for tok, i in vocab.items() if _BYTE_TOKEN.match(tok))
+        special = set(getattr(tokenizer, "all_special_ids", None) or ())
+        added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+        special.update(i for i, tok in added.items() if getattr(tok, "special", False))
+        return cls(accepts_spaces_between_special_tokens(tokenizer), byte_ids, frozenset(special))
+
+
 class IncrementalDetokenizer:
     """Streaming text of one request.
 
@@ -59,11 +98,12 @@ class IncrementalDetokenizer:
         skip_special_tokens, spaces_between_special_tokens: passed to ``decode`` (see
             ``accepts_spaces_between_special_tokens`` for when the latter has any effect).
         no_stop_trim: keep the matched stop string / stop token text in the output.
-        spaces_kwarg: precomputed ``accepts_spaces_between_special_tokens(tokenizer)``.
+        traits: precomputed ``TokenizerTraits.of(tokenizer)`` (computed here when None).
 
     Invariants: the concatenation of everything ``step`` returns equals the final text, which is
-    ``tokenizer.decode(output_ids)`` (minus a trimmed stop token) cut at the matched stop string;
-    no increment ends inside a multi-byte character unless the final text itself has U+FFFD there.
+    ``tokenizer.decode(output_ids)`` (minus a trimmed stop token) cut at the matched stop string,
+    invalid UTF-8 included; no increment ends inside a multi-byte character, and none contains
+    U+FFFD unless the final text has it there.
     """
 
     def __init__(
@@ -74,12 +114,12 @@ class IncrementalDetokenizer:
         skip_special_tokens: bool = True,
         spaces_between_special_tokens: bool = True,
         no_stop_trim: bool = False,
-        spaces_kwarg: Optional[bool] = None,
+        traits: Optional[TokenizerTraits] = None,
     ) -> None:
+        self._traits = traits if traits is not None else TokenizerTraits.of(tokenizer)
+        self._skip_special = skip_special_tokens
         kwargs: dict[str, bool] = {"skip_special_tokens": skip_special_tokens}
-        if spaces_kwarg is None:
-            spaces_kwarg = accepts_spaces_between_special_tokens(tokenizer)
-        if spaces_kwarg:
+        if self._traits.spaces_kwarg:
             kwargs["spaces_between_special_tokens"] = spaces_between_special_tokens
         self._decode: Callable[[list[int]], str] = lambda ids: tokenizer.decode(ids, **kwargs)
         self.stop_strs: tuple[str, ...] = tuple(s for s in (stop_strs or ()) if s)
@@ -125,13 +165,25 @@ class IncrementalDetokenizer:
         return full[len(prefix) :]
 
     def _advance(self, end: int) -> None:
-        """Commit ``output_ids[read_offset:end]`` unless its text is empty or ends mid-character."""
-        if end <= self.read_offset:
+        """Commit ``output_ids[read_offset:end]`` unless its text is empty or may still change."""
+        if end <= self.read_offset or self._in_byte_run(end):
             return
         new_text = self._new_text(end)
         if new_text and not new_text.endswith(_REPLACEMENT_CHAR):
             self.decoded_text += new_text
             self.surr_offset, self.read_offset = self.read_offset, end
+
+    def _in_byte_run(self, end: int) -> bool:
+        """Whether ``output_ids[:end]`` ends in an open run of byte-fallback tokens."""
+        byte_ids = self._traits.byte_ids
+        if not byte_ids:
+            return False
+        skipped = self._traits.special_ids if self._skip_special else frozenset()
+        for i in range(end - 1, -1, -1):
+            tok = self.output_ids[i]
+            if tok not in skipped:
+                return tok in byte_ids
+        return False
 
     def _hold_back_start(self) -> int:
         """Index in ``decoded_text`` where the unsendable tail (a possible stop-string start) begins."""
@@ -190,7 +242,7 @@ class DetokenizerManager:
             raise ValueError(f"max_states must be >= 1, got {max_states}")
         self.tokenizer = tokenizer
         self.max_states = max_states
-        self._spaces_kwarg = accepts_spaces_between_special_tokens(tokenizer)
+        self._traits = TokenizerTraits.of(tokenizer)
         self._states: OrderedDict[str, IncrementalDetokenizer] = OrderedDict()
         self._evicted: OrderedDict[str, None] = OrderedDict()  # bounded, for the warning only
 
@@ -227,7 +279,7 @@ class DetokenizerManager:
             skip_special_tokens=batch.skip_special_tokens[i],
             spaces_between_special_tokens=batch.spaces_between_special_tokens[i],
             no_stop_trim=batch.no_stop_trim[i],
-            spaces_kwarg=self._spaces_kwarg,
+            traits=self._traits,
         )
         self._states[rid] = state
         if len(self._states) > self.max_states:
@@ -254,7 +306,9 @@ def _load_tokenizer(path: str) -> Any:
     return load_tokenizer(path)
 
 
-def run_detokenizer_process(tokenizer_path: str, paths: Any, ready_pipe: Any) -> None:
+def run_detokenizer_process(
+    tokenizer_path: str, paths: "IpcPaths", ready_pipe: Optional["Connection"]
+) -> None:
     """Process entry: PULL ``BatchTokenOut`` on ``paths.detokenizer_input`` (bound here), PUSH
     ``BatchStrOut`` to ``paths.tokenizer_input`` (connected).
 
@@ -278,24 +332,14 @@ def run_detokenizer_process(tokenizer_path: str, paths: Any, ready_pipe: Any) ->
     ctx = zmq.Context()
     sockets: list[Any] = []
     try:
-        manager = DetokenizerManager(_load_tokenizer(tokenizer_path))
         receiver = PullReceiver(ctx, paths.detokenizer_input, bind=True)
         sockets.append(receiver)
         sender = PushSender(ctx, paths.tokenizer_input, bind=False)
         sockets.append(sender)
+        manager = DetokenizerManager(_load_tokenizer(tokenizer_path))
         if ready_pipe is not None:
             ready_pipe.send("ready")
-        while not stopping:
-            msg = receiver.recv(timeout_ms=_POLL_MS)
-            if msg is None:
-                if os.getppid() != parent_pid:
-                    logger.warning("detokenizer: parent process %d exited; stopping", parent_pid)
-                    break
-                continue
-            if isinstance(msg, BatchTokenOut):
-                sender.send(manager.handle(msg))
-            else:
-                logger.warning("detokenizer: ignoring unexpected %s", type(msg).__name__)
+        _serve(manager, receiver, sender, stopping, parent_pid)
     except Exception:
         tb = traceback.format_exc()
         logger.error("detokenizer process crashed:\n%s", tb)
@@ -307,6 +351,22 @@ def run_detokenizer_process(tokenizer_path: str, paths: Any, ready_pipe: Any) ->
         _close(sockets, ctx)
         sys.exit(1)
     _close(sockets, ctx)
+
+
+def _serve(manager: DetokenizerManager, receiver: Any, sender: Any, stopping: list[int],
+           parent_pid: int) -> None:
+    """Detokenize until a signal lands in ``stopping`` or the parent process is gone."""
+    while not stopping:
+        msg = receiver.recv(timeout_ms=_POLL_MS)
+        if msg is None:
+            if os.getppid() != parent_pid:
+                logger.warning("detokenizer: parent process %d exited; stopping", parent_pid)
+                return
+            continue
+        if isinstance(msg, BatchTokenOut):
+            sender.send(manager.handle(msg))
+        else:
+            logger.warning("detokenizer: ignoring unexpected %s", type(msg).__name__)
 
 
 def _close(sockets: list[Any], ctx: Any) -> None:

@@ -20,9 +20,6 @@ from radixlm.managers.detokenizer_manager import (
 )
 from radixlm.managers.io_struct import BatchTokenOut, FinishReason
 
-STORIES = "/work/shared/models/stories260k-hf"
-if not os.path.isdir(STORIES):  # repo checkout next to shared/
-    STORIES = os.path.join(os.path.dirname(__file__), "../../../shared/models/stories260k-hf")
 
 TEXTS = [
     "Once upon a time, there was a little girl named Lily.",
@@ -36,9 +33,9 @@ LENGTH = FinishReason(type="length", length=0)
 
 
 @pytest.fixture(scope="module")
-def stories():
+def stories(stories_path):
     transformers = pytest.importorskip("transformers")
-    return transformers.AutoTokenizer.from_pretrained(STORIES)
+    return transformers.AutoTokenizer.from_pretrained(stories_path)
 
 
 def _byte_bpe():
@@ -86,7 +83,8 @@ def smollm2():
     return transformers.AutoTokenizer.from_pretrained(folder, gguf_file=gguf)
 
 
-@pytest.fixture(params=["stories", "byte_bpe", "smollm2"])
+# SmolLM2's tokenizer takes ~5-10 s to read from its GGUF, so it only runs with `-m slow`.
+@pytest.fixture(params=["stories", "byte_bpe", pytest.param("smollm2", marks=pytest.mark.slow)])
 def tok(request):
     return request.getfixturevalue(request.param)
 
@@ -147,11 +145,38 @@ def test_random_ids_concat_equals_decode(request, name, seed):
         assert "".join(outs) == tokenizer.decode(ids, skip_special_tokens=skip)
 
 
-def test_multibyte_char_held_until_complete(stories):
-    ids = _ids(stories, "x世")
-    assert len(ids) == 5  # '▁', 'x', <0xE4>, <0xB8>, <0x96>
+@pytest.mark.parametrize("seed", range(30))
+def test_byte_runs_with_specials_concat_equals_decode(stories, seed):
+    """Dense byte-fallback runs broken by specials (skipped or shown) and ordinary tokens."""
+    rng = random.Random(seed)
+    byte_ids = [stories.convert_tokens_to_ids(f"<0x{b:02X}>") for b in range(256)]
+    pool = byte_ids + [0, 1, 2] * 20 + _ids(stories, "Lily ran fast")
+    ids = [rng.choice(pool) for _ in range(rng.randint(1, 30))]
+    for skip in (True, False):
+        det = IncrementalDetokenizer(stories, skip_special_tokens=skip)
+        outs = _feed(det, _random_chunks(ids, rng, 3), LENGTH)
+        assert "".join(outs) == stories.decode(ids, skip_special_tokens=skip)
+
+
+def test_multibyte_char_held_until_byte_run_closes(stories):
+    ids = _ids(stories, "x世y")
+    assert len(ids) == 6  # '▁', 'x', <0xE4>, <0xB8>, <0x96>, 'y'
     det = IncrementalDetokenizer(stories)
-    assert [det.step([i]) for i in ids] == ["", "x", "", "", "世"]
+    # A byte-fallback run is only final once a non-byte token closes it: one more byte could
+    # still turn the whole run into U+FFFDs in the tokenizer's own decode.
+    assert [det.step([i]) for i in ids] == ["", "x", "", "", "", "世y"]
+    det = IncrementalDetokenizer(stories)
+    assert _feed(det, [[i] for i in ids[:5]], LENGTH) == ["", "x", "", "", "世"]
+
+
+def test_poisoned_byte_run_matches_full_decode(stories):
+    # 'e' as a byte token, then a stray 0xFC: the tokenizer renders the whole run as U+FFFDs.
+    ids = _ids(stories, "x") + [stories.convert_tokens_to_ids(t) for t in ("<0x65>", "<0xFC>")]
+    ids += _ids(stories, "y")
+    det = IncrementalDetokenizer(stories)
+    outs = _feed(det, [[i] for i in ids], LENGTH)
+    assert "".join(outs) == stories.decode(ids) == "x\ufffd\ufffd y"
+    assert outs[2] == ""  # the valid-looking 'e' was not streamed
 
 
 def test_emoji_split_in_byte_bpe(byte_bpe):
@@ -299,7 +324,7 @@ def test_stop_token_after_partial_char_flushes_bytes(stories):
     ids = _ids(stories, "x世")[:-1] + [stories.eos_token_id]
     det = IncrementalDetokenizer(stories)
     outs = _feed(det, [[i] for i in ids], FinishReason(type="stop", matched=stories.eos_token_id))
-    assert outs[:-1] == ["", "x", ""]
+    assert outs[:-1] == ["", "x", "", ""]
     assert "".join(outs) == stories.decode(ids[:-1]) == "x\ufffd\ufffd"
 
 
@@ -347,32 +372,23 @@ def _batch(entries: list[dict]) -> BatchTokenOut:
 
 
 def test_manager_interleaves_requests(stories):
-    mgr = DetokenizerManager(stories)
-    a = _ids(stories, "Hello 世界 END tail")
-    b = _ids(stories, "Lily ran fast")
-    rng = random.Random(0)
-    texts = {"a": "", "b": ""}
-    pos = {"a": 0, "b": 0}
-    ids = {"a": a, "b": b}
-    first = True
-    while pos["a"] < len(a) or pos["b"] < len(b):
+    mgr, rng = DetokenizerManager(stories), random.Random(0)
+    want = {"a": "Hello 世界 END tail", "b": "Lily ran fast", "c": "x"}
+    left = {rid: _ids(stories, t) for rid, t in want.items()}
+    got = dict.fromkeys(want, "")
+    stops: dict = {"a": ["XYZ"], "b": [], "c": None}  # sent with each request's first entry only
+    while any(left.values()):
         entries = []
-        for rid in ("a", "b"):
-            if pos[rid] >= len(ids[rid]):
-                continue
+        for rid in [r for r in left if left[r]]:
             n = rng.randint(1, 3)
-            chunk = ids[rid][pos[rid] : pos[rid] + n]
-            pos[rid] += n
-            done = pos[rid] >= len(ids[rid])
-            entries.append({"rid": rid, "ids": chunk, "finish": LENGTH if done else None,
-                            "stops": (["XYZ"] if first else None)})
-        first = False
+            chunk, left[rid] = left[rid][:n], left[rid][n:]
+            fin = None if left[rid] else LENGTH
+            entries.append({"rid": rid, "ids": chunk, "finish": fin, "stops": stops.pop(rid, None)})
         out = mgr.handle(_batch(entries))
         assert out.token_out.rids == [e["rid"] for e in entries]
-        for rid, s in zip(out.token_out.rids, out.output_strs):
-            texts[rid] += s
-    assert texts == {"a": "Hello 世界 END tail", "b": "Lily ran fast"}
-    assert len(mgr) == 0
+        for rid, text in zip(out.token_out.rids, out.output_strs):
+            got[rid] += text
+    assert got == want and len(mgr) == 0
 
 
 def test_manager_stop_string_from_first_entry(stories):
