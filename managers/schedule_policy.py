@@ -62,11 +62,13 @@ class PrefillAdder:
             return want
         if not self.admitted and self.rem_chunk_tokens is None:
             return want  # chunking off: a long prompt runs alone
-        # Cut at a page boundary so the chunk's KV can be shared through the tree.
+        # Cut at a page boundary so the chunk's KV can be shared through the tree; when the
+        # chunk budget is below one page, an unaligned chunk still makes progress.
+        if limit <= 0:
+            return None
         ps = self.kv.page_size
         end = (req.num_cached + limit) // ps * ps
-        size = end - req.num_cached
-        return size if size > 0 else None
+        return end - req.num_cached if end > req.num_cached else limit
 
     def fits(self, req: Req, size: int) -> bool:
         need = self.kv.pages_needed(req, size) * self.kv.page_size

@@ -63,6 +63,9 @@ class Scheduler:
         """Run one batch if there is work; returns False when idle (after the leak check)."""
         self._reap_aborted()
         batch = self._get_new_extend_batch() or self._get_decode_batch()
+        if batch is None and not self.is_idle():
+            self._abort_unschedulable()
+            return True
         if batch is None:
             if self.is_idle():
                 self.new_token_ratio = self.init_ratio
@@ -73,6 +76,20 @@ class Scheduler:
         finished = self.results.process(reqs, mwb, out)
         self._after_batch(reqs, mwb.forward_mode, finished)
         return True
+
+    def _abort_unschedulable(self) -> None:
+        """Nothing runs, yet the head request cannot be admitted: even an empty pool cannot hold it.
+        End it rather than wait forever."""
+        head = self.chunked_req or self.waiting[0]
+        head.to_abort = FinishReason(type="abort", status_code=503, message=(
+            f"out of KV cache memory: the request needs more than the pool's {self.kv.total_tokens} tokens; "
+            "raise --max-total-tokens"))
+        if head is self.chunked_req:
+            self._reap_aborted()
+        else:
+            self.waiting.pop(0)
+            head.finished_reason = head.to_abort
+            self._emit([head])
 
     def is_idle(self) -> bool:
         return not self.waiting and not self.running and self.chunked_req is None
@@ -110,6 +127,9 @@ class Scheduler:
             validate_generate_input(msg.input_ids, msg.sampling_params, self.vocab_size, self.context_len)
         except InvalidRequestError as e:
             return str(e)
+        if len(msg.input_ids) + 1 > self.kv.total_tokens:
+            return (f"the input ({len(msg.input_ids)} tokens) does not fit in the KV cache "
+                    f"({self.kv.total_tokens} tokens)")
         return None
 
     def abort(self, rid: str, abort_all: bool = False, message: str = "Aborted by request") -> None:

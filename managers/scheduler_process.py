@@ -1,0 +1,129 @@
+"""Scheduler process entry: the model, the ``Scheduler`` and its ZMQ loop (DESIGN.md section 2).
+
+Sockets (``ipc.IpcPaths``): PULL ``scheduler_input`` (bound here) for ``TokenizedGenerateReq``,
+``AbortReq``, ``FlushCacheReq`` and ``GetInternalStateReq``; PUSH ``detokenizer_input`` for
+``BatchTokenOut``; PUSH ``scheduler_rpc`` for control replies (``FlushCacheOut``,
+``InternalState``), which go straight to the TokenizerManager in the order the requests came.
+
+Loop: drain every queued message, then run ``Scheduler.step()`` while there is work; when a step
+makes no progress (idle, or waiting requests that do not fit yet) block on the socket for at most
+``_IDLE_POLL_MS`` so SIGTERM and a dead parent are noticed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import traceback
+from typing import TYPE_CHECKING, Any, Optional
+
+if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
+
+    from radixlm.managers.ipc import IpcPaths
+    from radixlm.managers.scheduler import Scheduler
+    from radixlm.srt.server_args import ServerArgs
+
+logger = logging.getLogger(__name__)
+
+_IDLE_POLL_MS = 50
+
+
+def configure_child_logging(level: str) -> None:
+    """Log to stderr (inherited from the launcher) with the process name in every line."""
+    logging.basicConfig(level=level.upper(), format="[%(asctime)s %(processName)s] %(levelname)s %(name)s: %(message)s",
+                        force=True)
+
+
+def run_scheduler_process(server_args: "ServerArgs", paths: "IpcPaths", ready_pipe: Optional["Connection"]) -> None:
+    """Process entry (``multiprocessing`` spawn target).
+
+    Args:
+        server_args: with ``model_path`` already resolved to a local folder by the launcher.
+        paths: the launch's ``IpcPaths``.
+        ready_pipe: receives the str ``"ready"`` once the model is loaded and the sockets are up, or
+            ``"error: <traceback>"`` if the process fails (before or after ready).
+
+    Exits 0 on SIGTERM/SIGINT or when the parent dies; 1 with the traceback logged on any error.
+    """
+    import zmq
+
+    configure_child_logging(server_args.log_level)
+    stopping: list[int] = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, frame: stopping.append(signum))
+    parent_pid = os.getppid()
+    ctx = zmq.Context()
+    sockets: list[Any] = []
+    try:
+        scheduler, receiver, reply = _build(server_args, paths, ctx, sockets)
+        if ready_pipe is not None:
+            ready_pipe.send("ready")
+        logger.info("scheduler ready: max_total_num_tokens=%d", scheduler.kv.total_tokens)
+        _serve(scheduler, receiver, reply, stopping, parent_pid)
+    except Exception:
+        tb = traceback.format_exc()
+        logger.error("scheduler process crashed:\n%s", tb)
+        if ready_pipe is not None:
+            try:
+                ready_pipe.send(f"error: {tb}")
+            except OSError:
+                pass  # the launcher is gone; the log has the error
+        _close(sockets, ctx)
+        sys.exit(1)
+    _close(sockets, ctx)
+
+
+def _build(args: "ServerArgs", paths: "IpcPaths", ctx: Any, sockets: list[Any]) -> tuple["Scheduler", Any, Any]:
+    """Sockets first (so the TokenizerManager can queue requests while the model loads), then the model."""
+    from radixlm.managers.ipc import PullReceiver, PushSender
+    from radixlm.managers.scheduler import Scheduler
+    from radixlm.managers.tp_worker import TpModelWorker
+    from radixlm.srt.model_config import ModelConfig
+    from radixlm.srt.model_loader import load_tokenizer
+
+    receiver = PullReceiver(ctx, paths.scheduler_input, bind=True)
+    sockets.append(receiver)
+    to_detokenizer = PushSender(ctx, paths.detokenizer_input, bind=False)
+    sockets.append(to_detokenizer)
+    reply = PushSender(ctx, paths.scheduler_rpc, bind=False)
+    sockets.append(reply)
+    model_config = ModelConfig.from_path(args.model_path, dtype=args.dtype, context_length=args.context_length,
+                                         device=args.device, cache_dir=args.cache_dir)
+    tokenizer = load_tokenizer(model_config.model_path, args.tokenizer_path, cache_dir=args.cache_dir)
+    worker = TpModelWorker(model_config, args)
+    return Scheduler(args, worker, tokenizer, to_detokenizer.send), receiver, reply
+
+
+def _serve(scheduler: "Scheduler", receiver: Any, reply: Any, stopping: list[int], parent_pid: int) -> None:
+    """Run until a signal lands in ``stopping`` or the parent process is gone."""
+    def dispatch(msg: Any) -> None:
+        out = scheduler.handle_message(msg)
+        if out is not None:
+            reply.send(out)
+
+    leak_checked = True
+    while not stopping:
+        for msg in receiver.recv_all_nowait():
+            dispatch(msg)
+        if not scheduler.is_idle():
+            leak_checked = False
+            if scheduler.step():
+                continue
+        elif not leak_checked:
+            scheduler.step()  # idle: runs the KV leak check, once per busy period (it walks the tree)
+            leak_checked = True
+        if os.getppid() != parent_pid:
+            logger.warning("scheduler: parent process %d exited; stopping", parent_pid)
+            return
+        msg = receiver.recv(timeout_ms=_IDLE_POLL_MS)
+        if msg is not None:
+            dispatch(msg)
+
+
+def _close(sockets: list[Any], ctx: Any) -> None:
+    for sock in sockets:
+        sock.close()
+    ctx.term()

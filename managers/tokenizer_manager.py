@@ -1,0 +1,382 @@
+"""TokenizerManager: the HTTP process's side of the pipeline (SGLang's ``tokenizer_manager.py``).
+
+It tokenizes and validates each request, sends ``TokenizedGenerateReq`` to the scheduler (PUSH
+``scheduler_input``), and folds the detokenizer's ``BatchStrOut`` (PULL ``tokenizer_input``) into
+one ``ResponseAccumulator`` per rid; control replies of the scheduler arrive on PULL
+``scheduler_rpc`` and are matched first-in first-out (the scheduler answers in order).
+
+Requests whose client goes away are aborted (``AbortReq``) at once; their state stays until the
+scheduler's terminal output arrives, so ``len(self.states)`` counts every request the scheduler
+still holds. That count bounds admission: beyond ``max_running_requests + max_queued_requests``
+outstanding requests a new one is refused with 503 (an approximation of the scheduler's queue that
+needs no round trip).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any, Callable, Optional, Union
+
+import msgspec
+import zmq
+
+from radixlm.managers.io_struct import (AbortReq, BatchStrOut, FlushCacheOut, FlushCacheReq, GetInternalStateReq,
+                                        InternalState, Message, TokenizedGenerateReq)
+from radixlm.managers.ipc import AsyncPullReceiver, IpcPaths, PushSender
+from radixlm.managers.response import ResponseAccumulator
+from radixlm.managers.validation import InvalidRequestError, validate_generate_input
+from radixlm.srt.sampling_params import SamplingParams, SamplingParamsError
+
+logger = logging.getLogger(__name__)
+
+_DISCONNECT_POLL_S = 0.5  # how often a waiting request checks whether its client is still there
+_CONTROL_TIMEOUT_S = 30.0
+
+
+class RequestError(Exception):
+    """A request that failed with an HTTP status (503 when overloaded or the scheduler is gone)."""
+
+    def __init__(self, message: str, status_code: int = 400):
+        super().__init__(message)
+        self.message = message
+        self.status_code = status_code
+
+
+class ClientDisconnected(Exception):
+    """The HTTP client went away; its requests have been aborted."""
+
+
+@dataclasses.dataclass
+class GenerateRequest:
+    """A ``/generate`` body with its batch dimension made explicit (one entry per prompt).
+
+    prompts: text (tokenized here) or token ids. sampling_params: raw dicts (None values mean
+    default). rids: one per prompt, or None for fresh ids. is_batch: the client sent a list, so the
+    answer is a list.
+    """
+
+    prompts: list[Union[str, list[int]]]
+    sampling_params: list[dict[str, Any]]
+    rids: Optional[list[str]]
+    return_logprob: list[bool]
+    logprob_start_len: list[int]
+    top_logprobs_num: list[int]
+    return_text_in_logprobs: bool = False
+    stream: bool = False
+    is_batch: bool = False
+
+
+@dataclasses.dataclass
+class PreparedRequest:
+    """Validated, tokenized messages. ``warmups`` (for n > 1) prefill each prompt first so the n
+    copies share its cached prefix; ``msgs`` are in output order (prompt-major, then sample)."""
+
+    warmups: list[TokenizedGenerateReq]
+    msgs: list[TokenizedGenerateReq]
+    is_batch: bool
+    return_text_in_logprobs: bool
+    created: float
+
+
+class ReqState:
+    """What the TokenizerManager knows about one rid. ``event`` is shared by one HTTP request's rids."""
+
+    def __init__(self, msg: TokenizedGenerateReq, acc: ResponseAccumulator, event: asyncio.Event, created: float):
+        self.msg = msg
+        self.acc = acc
+        self.event = event
+        self.created = created
+        self.last_output: Optional[float] = None
+        self.updates = 0
+        self.error: Optional[str] = None
+
+
+class TokenizerManager:
+    """Args: server_args (``ServerArgs``), tokenizer (transformers), vocab_size and context_len of the
+    model, paths (``IpcPaths``), metrics (``ServerMetrics`` or None). Call ``start()`` inside the event
+    loop before use and ``close()`` at shutdown."""
+
+    def __init__(self, server_args: Any, tokenizer: Any, vocab_size: int, context_len: int, paths: IpcPaths,
+                 metrics: Any = None):
+        self.args = server_args
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.context_len = context_len
+        self.paths = paths
+        self.metrics = metrics
+        self.states: dict[str, ReqState] = {}
+        self.dead: Optional[str] = None  # why the scheduler can no longer be reached
+        q = server_args.max_queued_requests
+        self.max_outstanding = None if q is None else server_args.max_running_requests + q
+        self._pending_control: collections.deque[tuple[type, asyncio.Future]] = collections.deque()
+        self._control_lock = asyncio.Lock()
+        self._tasks: list[asyncio.Task] = []
+        self._ctx = zmq.Context()
+        self._to_scheduler = PushSender(self._ctx, paths.scheduler_input, bind=False)
+        self._from_detokenizer = AsyncPullReceiver(self._ctx, paths.tokenizer_input, bind=True)
+        self._from_scheduler = AsyncPullReceiver(self._ctx, paths.scheduler_rpc, bind=True)
+
+    def start(self) -> None:
+        self._tasks = [asyncio.create_task(self._loop(self._from_detokenizer), name="tm-outputs"),
+                       asyncio.create_task(self._loop(self._from_scheduler), name="tm-control")]
+
+    def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for sock in (self._to_scheduler, self._from_detokenizer, self._from_scheduler):
+            sock.close()
+        self._ctx.term()
+
+    # ---- requests ------------------------------------------------------------------------------
+    def prepare(self, req: GenerateRequest) -> PreparedRequest:
+        """Tokenize and validate every prompt.
+
+        Raises:
+            InvalidRequestError: bad input (message says what); nothing is sent then.
+        """
+        created = time.monotonic()
+        base_rids = req.rids or [uuid.uuid4().hex for _ in req.prompts]
+        items = []
+        for i, prompt in enumerate(req.prompts):
+            ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+            raw = req.sampling_params[i] or {}
+            try:
+                params = SamplingParams.from_dict(raw)
+            except SamplingParamsError as e:
+                raise InvalidRequestError(str(e)) from None
+            # An explicit max_new_tokens that cannot fit is an error; the default is clamped later.
+            validate_generate_input(ids, params, self.vocab_size, self.context_len,
+                                    strict_max_new_tokens=raw.get("max_new_tokens") is not None)
+            if req.logprob_start_len[i] < -1:
+                raise InvalidRequestError(f"logprob_start_len must be >= -1, got {req.logprob_start_len[i]}")
+            if req.top_logprobs_num[i] < 0:
+                raise InvalidRequestError(f"top_logprobs_num must be >= 0, got {req.top_logprobs_num[i]}")
+            items.append((ids, params, i))
+        ns = {params.n for _, params, _ in items}
+        if len(ns) > 1:
+            raise InvalidRequestError(f"all sampling_params of one request must share n, got {sorted(ns)}")
+        n = ns.pop()
+
+        def msg(i: int, ids: list[int], params: SamplingParams, rid: str, stream: bool) -> TokenizedGenerateReq:
+            return TokenizedGenerateReq(rid=rid, input_ids=ids, sampling_params=params, stream=stream,
+                                        return_logprob=req.return_logprob[i], logprob_start_len=req.logprob_start_len[i],
+                                        top_logprobs_num=req.top_logprobs_num[i])
+
+        warmups, msgs = [], []
+        for ids, params, i in items:
+            if n == 1:
+                msgs.append(msg(i, ids, params, base_rids[i], req.stream))
+                continue
+            prefill = msgspec.structs.replace(params, max_new_tokens=0, n=1)
+            warmups.append(TokenizedGenerateReq(rid=f"{base_rids[i]}_prefill", input_ids=ids, sampling_params=prefill))
+            one = msgspec.structs.replace(params, n=1)
+            msgs.extend(msg(i, ids, one, f"{base_rids[i]}_{j}", req.stream) for j in range(n))
+        for m in warmups + msgs:
+            if m.rid in self.states:
+                raise InvalidRequestError(f"request id {m.rid!r} is already in use")
+        return PreparedRequest(warmups, msgs, req.is_batch or n > 1, req.return_text_in_logprobs, created)
+
+    async def generate(self, prep: PreparedRequest, is_disconnected: Callable[[], Awaitable[bool]]
+                       ) -> Union[dict, list[dict]]:
+        """Run to completion; returns SGLang's response dict (a list for a batch).
+
+        Raises:
+            RequestError: overload (503), scheduler gone (503), or a request the scheduler
+                rejected (its status, e.g. 400).
+            ClientDisconnected: the client left (the requests were aborted).
+        """
+        states: list[ReqState] = []
+        async for states in self._updates(prep, is_disconnected):
+            pass
+        for s in states:
+            fr = s.acc.finish_reason
+            if fr is not None and fr.type == "abort" and fr.status_code is not None:
+                raise RequestError(fr.message or "request aborted", fr.status_code)
+        results = [s.acc.result() for s in states]
+        return results if prep.is_batch else results[0]
+
+    async def generate_stream(self, prep: PreparedRequest, is_disconnected: Callable[[], Awaitable[bool]]
+                              ) -> AsyncIterator[dict]:
+        """Yield one cumulative response dict per update of each rid (with ``index`` for a batch);
+        a rid the scheduler rejected yields ``{"error": {"message", "code"}}`` instead of its last
+        event. Raises as ``generate`` does (before or during the stream)."""
+        seen: dict[str, int] = {}
+        async for states in self._updates(prep, is_disconnected):
+            for index, s in enumerate(states):
+                if s.updates == seen.get(s.msg.rid, 0):
+                    continue
+                seen[s.msg.rid] = s.updates
+                fr = s.acc.finish_reason
+                if fr is not None and fr.type == "abort" and fr.status_code is not None:
+                    yield {"error": {"message": fr.message, "code": fr.status_code}}
+                    continue
+                out = s.acc.result()
+                if prep.is_batch:
+                    out["index"] = index
+                yield out
+
+    async def _updates(self, prep: PreparedRequest, is_disconnected: Callable[[], Awaitable[bool]]
+                       ) -> AsyncIterator[list[ReqState]]:
+        """Submit, then yield the states after every change until all finish; aborts on exit."""
+        self.check_admission(prep)
+        if prep.warmups:
+            async for _ in self._watch(self._submit(prep.warmups, prep), is_disconnected):
+                pass
+        async for states in self._watch(self._submit(prep.msgs, prep), is_disconnected):
+            yield states
+
+    async def _watch(self, states: list[ReqState], is_disconnected: Callable[[], Awaitable[bool]]
+                     ) -> AsyncIterator[list[ReqState]]:
+        event = states[0].event
+        try:
+            while True:
+                try:
+                    await asyncio.wait_for(event.wait(), _DISCONNECT_POLL_S)
+                except asyncio.TimeoutError:
+                    if await is_disconnected():
+                        raise ClientDisconnected() from None
+                    continue
+                event.clear()
+                for s in states:
+                    if s.error is not None:
+                        raise RequestError(s.error, 503)
+                yield states
+                if all(s.acc.finished for s in states):
+                    return
+        finally:
+            self._abort_unfinished(states)
+
+    def _abort_unfinished(self, states: list[ReqState]) -> None:
+        for s in states:
+            if not s.acc.finished and s.error is None and self.dead is None:
+                logger.info("aborting request %s (client gone or request cancelled)", s.msg.rid)
+                self._to_scheduler.send(AbortReq(rid=s.msg.rid, message="client disconnected"))
+
+    def check_admission(self, prep: PreparedRequest) -> None:
+        """Raises RequestError(503) when the scheduler is gone or the queue is full."""
+        count = len(prep.warmups) + len(prep.msgs)
+        if self.dead is not None:
+            raise RequestError(f"the server cannot serve requests: {self.dead}", 503)
+        if self.max_outstanding is not None and len(self.states) + count > self.max_outstanding:
+            raise RequestError(f"The request queue is full ({len(self.states)} requests outstanding, "
+                               f"--max-queued-requests {self.args.max_queued_requests}); retry later", 503)
+
+    def _submit(self, msgs: list[TokenizedGenerateReq], prep: PreparedRequest) -> list[ReqState]:
+        event = asyncio.Event()
+        states = []
+        for m in msgs:
+            acc = ResponseAccumulator(m.rid, m.return_logprob, self.tokenizer, prep.return_text_in_logprobs)
+            state = ReqState(m, acc, event, prep.created)
+            self.states[m.rid] = state
+            states.append(state)
+            self._to_scheduler.send(m)
+        return states
+
+    def abort(self, rid: str = "", abort_all: bool = False) -> None:
+        """Abort requests whose rid starts with ``rid`` (or all); each ends with finish_reason abort."""
+        self._to_scheduler.send(AbortReq(rid=rid, abort_all=abort_all))
+
+    async def health_generate(self, timeout_s: float = 20.0) -> bool:
+        """Run a one-token request; True if it finished within ``timeout_s``."""
+        params = SamplingParams(max_new_tokens=1, temperature=0.0)
+        msg = TokenizedGenerateReq(rid=f"HEALTH_CHECK_{uuid.uuid4().hex}", input_ids=[0], sampling_params=params)
+        prep = PreparedRequest([], [msg], False, False, time.monotonic())
+
+        async def never() -> bool:
+            return False
+
+        try:
+            await asyncio.wait_for(self.generate(prep, never), timeout_s)
+        except (asyncio.TimeoutError, RequestError):
+            return False
+        return True
+
+    # ---- control -------------------------------------------------------------------------------
+    async def flush_cache(self) -> FlushCacheOut:
+        return await self._control(FlushCacheReq(), FlushCacheOut)  # type: ignore[return-value]
+
+    async def internal_state(self) -> InternalState:
+        return await self._control(GetInternalStateReq(), InternalState)  # type: ignore[return-value]
+
+    async def _control(self, msg: Message, reply_type: type) -> Message:
+        """Send a control message and await its reply (FIFO). Raises RequestError(503) on timeout."""
+        if self.dead is not None:
+            raise RequestError(f"the server cannot serve requests: {self.dead}", 503)
+        fut: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._pending_control.append((reply_type, fut))
+        self._to_scheduler.send(msg)
+        try:
+            # shield: on timeout the future stays queued, so the late reply is still matched to it.
+            return await asyncio.wait_for(asyncio.shield(fut), _CONTROL_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            raise RequestError("the scheduler did not answer in time", 503) from None
+
+    # ---- inbound -------------------------------------------------------------------------------
+    async def _loop(self, receiver: AsyncPullReceiver) -> None:
+        while True:
+            try:
+                msg = await receiver.recv()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                logger.exception("tokenizer manager: cannot decode a message; dropped")
+                continue
+            if isinstance(msg, BatchStrOut):
+                self._on_output(msg)
+            elif self._pending_control:
+                reply_type, fut = self._pending_control.popleft()
+                if not isinstance(msg, reply_type):
+                    logger.error("expected %s from the scheduler, got %s", reply_type.__name__, type(msg).__name__)
+                if not fut.done():
+                    fut.set_result(msg)
+            else:
+                logger.warning("tokenizer manager: unexpected %s", type(msg).__name__)
+
+    def _on_output(self, out: BatchStrOut) -> None:
+        now = time.monotonic()
+        t = out.token_out
+        for i, rid in enumerate(t.rids):
+            state = self.states.get(rid)
+            if state is None:
+                continue
+            state.acc.add(out, i, now - state.created)
+            state.updates += 1
+            self._observe(state, len(t.output_ids[i]), now)
+            if state.acc.finished:
+                del self.states[rid]
+            state.event.set()
+
+    def _observe(self, state: ReqState, num_new: int, now: float) -> None:
+        m = self.metrics
+        if m is None:
+            return
+        m.observe_tokens(num_new)
+        if num_new and state.msg.stream:
+            if state.last_output is None:
+                m.observe_first_token(now - state.created)
+            else:
+                m.observe_inter_token(now - state.last_output, num_new)
+            state.last_output = now
+        if state.acc.finished:
+            meta = state.acc.meta
+            fr = state.acc.finish_reason
+            m.observe_finished(meta.get("prompt_tokens", 0), meta.get("cached_tokens", 0), now - state.created,
+                               aborted=fr is not None and fr.type == "abort")
+
+    def fail_all(self, reason: str) -> None:
+        """The scheduler or detokenizer is gone: end every waiting request with ``reason`` (503)."""
+        self.dead = reason
+        for state in self.states.values():
+            state.error = reason
+            state.event.set()
+        self.states.clear()
+        while self._pending_control:
+            _, fut = self._pending_control.popleft()
+            if not fut.done():
+                fut.set_exception(RequestError(reason, 503))

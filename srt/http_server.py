@@ -1,0 +1,271 @@
+"""The FastAPI app: SGLang's native routes (``shared/docs/sglang-reference.md`` sections 2.1, 2.2, 2.4).
+
+``create_app(tokenizer_manager, server_args, model_info, metrics)`` builds the app; all state comes
+in through those arguments (no module-level state). Routes:
+
+- ``POST|PUT /generate``: ``GenerateReqInput`` -> response dict, list for a batch, or an SSE stream
+  of cumulative dicts ending with ``data: [DONE]``.
+- ``GET /health`` (never needs the API key), ``GET /health_generate`` (a one-token request).
+- ``GET /get_model_info`` = ``/model_info``; ``GET /get_server_info`` = ``/server_info``.
+- ``GET|POST /flush_cache`` (400 while requests run), ``POST /abort_request``, ``GET /metrics``.
+
+Every error is ``{"error": {"message": str}}`` with its HTTP status, built by ``error_response``
+(the one exception-to-response mapping): bad input 400, missing/wrong API key 401, overload or a
+dead scheduler 503.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from typing import Any, Optional, Union
+
+import msgspec
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import PlainTextResponse, Response, StreamingResponse
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+
+from radixlm.managers.tokenizer_manager import ClientDisconnected, GenerateRequest, RequestError, TokenizerManager
+from radixlm.managers.validation import InvalidRequestError
+
+logger = logging.getLogger(__name__)
+
+# SGLang request fields we accept only when unset (null / false / empty), so SGLang's clients that
+# send them with default values keep working; a real value is a 400 naming the field.
+_UNSUPPORTED_FIELDS = ("input_embeds", "image_data", "video_data", "audio_data", "lora_path", "session_params",
+                       "return_hidden_states", "custom_logit_processor", "token_ids_logprob", "modalities",
+                       "priority", "extra_key", "log_metrics", "data_parallel_rank", "return_entropy",
+                       "bootstrap_host", "bootstrap_port", "bootstrap_room", "require_reasoning", "stream_output")
+
+
+class GenerateReqInput(BaseModel):
+    """The ``/generate`` body (SGLang's ``GenerateReqInput``). Types are strict: ``"1"`` is not an int.
+
+    Exactly one of ``text`` (str or list of str) and ``input_ids`` (list of int or list of lists).
+    Per-prompt fields (``sampling_params``, ``rid``, logprob knobs) take one value for all prompts
+    or a list with one per prompt; a single ``rid`` for a batch becomes ``rid_0, rid_1, ...``.
+    """
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    text: Optional[Union[str, list[str]]] = None
+    input_ids: Optional[Union[list[int], list[list[int]]]] = None
+    sampling_params: Optional[Union[dict[str, Any], list[Optional[dict[str, Any]]]]] = None
+    rid: Optional[Union[str, list[str]]] = None
+    return_logprob: Optional[Union[bool, list[bool]]] = None
+    logprob_start_len: Optional[Union[int, list[int]]] = None
+    top_logprobs_num: Optional[Union[int, list[int]]] = None
+    return_text_in_logprobs: Optional[bool] = None
+    stream: Optional[bool] = None
+    input_embeds: Any = None
+    image_data: Any = None
+    video_data: Any = None
+    audio_data: Any = None
+    lora_path: Any = None
+    session_params: Any = None
+    return_hidden_states: Any = None
+    custom_logit_processor: Any = None
+    token_ids_logprob: Any = None
+    modalities: Any = None
+    priority: Any = None
+    extra_key: Any = None
+    log_metrics: Any = None
+    data_parallel_rank: Any = None
+    return_entropy: Any = None
+    bootstrap_host: Any = None
+    bootstrap_port: Any = None
+    bootstrap_room: Any = None
+    require_reasoning: Any = None
+    stream_output: Any = None
+
+    @model_validator(mode="after")
+    def _check(self) -> "GenerateReqInput":
+        if (self.text is None) == (self.input_ids is None):
+            raise ValueError("give exactly one of text and input_ids")
+        used = [f for f in _UNSUPPORTED_FIELDS if getattr(self, f) not in (None, False, [], {}, "")]
+        if used:
+            raise ValueError(f"not supported by this server: {', '.join(used)}")
+        return self
+
+    def to_request(self) -> GenerateRequest:
+        """Expand to one entry per prompt. Raises ``InvalidRequestError`` on mismatched list lengths."""
+        if self.text is not None:
+            is_batch = isinstance(self.text, list)
+            prompts: list[Union[str, list[int]]] = list(self.text) if is_batch else [self.text]  # type: ignore[arg-type]
+        else:
+            ids = self.input_ids or []
+            is_batch = bool(ids) and isinstance(ids[0], list)
+            prompts = [list(x) for x in ids] if is_batch else [list(ids)]  # type: ignore[arg-type]
+        if not prompts:
+            raise InvalidRequestError("the batch is empty: give at least one prompt")
+        n = len(prompts)
+
+        def per_prompt(name: str, value: Any, default: Any) -> list[Any]:
+            if not isinstance(value, list):
+                return [default if value is None else value] * n
+            if not is_batch or len(value) != n:
+                raise InvalidRequestError(f"{name} is a list of {len(value)} but the request has "
+                                          f"{n if is_batch else 'a single'} prompt{'s' if is_batch else ''}")
+            return value
+
+        rids: Optional[list[str]] = None
+        if isinstance(self.rid, str):
+            rids = [f"{self.rid}_{i}" for i in range(n)] if is_batch else [self.rid]
+        elif self.rid is not None:
+            rids = per_prompt("rid", self.rid, None)
+        return GenerateRequest(
+            prompts=prompts,
+            sampling_params=[dict(d or {}) for d in per_prompt("sampling_params", self.sampling_params, {})],
+            rids=rids,
+            return_logprob=per_prompt("return_logprob", self.return_logprob, False),
+            logprob_start_len=per_prompt("logprob_start_len", self.logprob_start_len, -1),
+            top_logprobs_num=per_prompt("top_logprobs_num", self.top_logprobs_num, 0),
+            return_text_in_logprobs=bool(self.return_text_in_logprobs),
+            stream=bool(self.stream),
+            is_batch=is_batch,
+        )
+
+
+class AbortReqInput(BaseModel):
+    """``/abort_request`` body: abort the requests whose rid starts with ``rid``, or all of them."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    rid: str = ""
+    abort_all: bool = False
+
+
+# ---- errors ---------------------------------------------------------------------------------------
+def _format_validation_errors(errors: list[dict]) -> str:
+    """One line per offending field, e.g. ``input_ids: Input should be a valid integer``."""
+    if any(e.get("type") == "json_invalid" for e in errors):
+        detail = next(e for e in errors if e.get("type") == "json_invalid").get("ctx", {}).get("error", "")
+        return f"malformed JSON body: {detail}".rstrip(": ")
+    parts: dict[str, str] = {}
+    for e in errors:
+        loc = [str(p) for p in e.get("loc", ()) if p != "body"]
+        field = loc[0] if loc else "request body"
+        if field not in parts:
+            where = ".".join(loc) if loc else "request body"
+            parts[field] = f"{where}: {e.get('msg', 'invalid')}".replace("Value error, ", "")
+    return "invalid request: " + "; ".join(parts.values())
+
+
+def error_response(exc: BaseException) -> Response:
+    """The single exception-to-response mapping of the server."""
+    if isinstance(exc, (RequestValidationError, ValidationError)):
+        status, message = 400, _format_validation_errors(list(exc.errors()))
+    elif isinstance(exc, InvalidRequestError):
+        status, message = 400, str(exc)
+    elif isinstance(exc, RequestError):
+        status, message = exc.status_code, exc.message
+    else:
+        logger.error("internal error", exc_info=exc)
+        status, message = 500, f"internal server error: {type(exc).__name__}: {exc}"
+    return json_response({"error": {"message": message}}, status)
+
+
+def json_response(obj: Any, status: int = 200) -> Response:
+    """JSON via msgspec (non-finite floats become null instead of invalid JSON)."""
+    return Response(msgspec.json.encode(obj), status_code=status, media_type="application/json")
+
+
+class ApiKeyMiddleware:
+    """Pure ASGI middleware (BaseHTTPMiddleware would break streaming disconnect detection):
+    requires ``Authorization: Bearer <key>`` on every HTTP route but ``/health``."""
+
+    def __init__(self, app: Any, api_key: str):
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"] != "/health" and scope.get("method") != "OPTIONS":
+            got = dict(scope.get("headers") or []).get(b"authorization", b"")
+            if not hmac.compare_digest(got, self.expected):
+                resp = json_response({"error": {"message": "invalid or missing API key (Authorization: Bearer KEY)"}}, 401)
+                await resp(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+# ---- app --------------------------------------------------------------------------------------------
+def create_app(tm: TokenizerManager, server_args: Any, model_info: dict, metrics: Any, version: str) -> FastAPI:
+    """Build the app. ``model_info`` is the ``/get_model_info`` dict; ``metrics`` a ``ServerMetrics``."""
+    app = FastAPI(title="radixlm")
+    for exc_type in (RequestValidationError, InvalidRequestError, RequestError, Exception):
+        app.add_exception_handler(exc_type, lambda request, exc: error_response(exc))
+    if server_args.api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=server_args.api_key)
+
+    @app.api_route("/generate", methods=["POST", "PUT"])
+    async def generate(obj: GenerateReqInput, request: Request) -> Response:
+        prep = tm.prepare(obj.to_request())
+        tm.check_admission(prep)
+        if obj.stream:
+            return StreamingResponse(_sse(tm, prep, request), media_type="text/event-stream")
+        try:
+            return json_response(await tm.generate(prep, request.is_disconnected))
+        except ClientDisconnected:
+            return Response(status_code=499)  # nobody is listening; nginx's "client closed request"
+
+    @app.get("/health")
+    async def health() -> Response:
+        if tm.dead is not None:
+            return json_response({"error": {"message": tm.dead}}, 503)
+        return Response(status_code=200)
+
+    @app.get("/health_generate")
+    async def health_generate() -> Response:
+        if await tm.health_generate():
+            return Response(status_code=200)
+        return json_response({"error": {"message": "health check generation did not finish in time"}}, 503)
+
+    @app.get("/get_model_info")
+    @app.get("/model_info")
+    async def get_model_info() -> Response:
+        return json_response(model_info)
+
+    @app.get("/get_server_info")
+    @app.get("/server_info")
+    async def get_server_info() -> Response:
+        state = await tm.internal_state()
+        state_dict = msgspec.structs.asdict(state)
+        return json_response({**server_args.to_dict(), "max_total_num_tokens": state.max_total_num_tokens,
+                              "version": version, "internal_states": [state_dict],
+                              "internal_state": state_dict})  # the offline Engine's key
+
+    @app.api_route("/flush_cache", methods=["GET", "POST"])
+    async def flush_cache() -> Response:
+        out = await tm.flush_cache()
+        if not out.success:
+            raise RequestError(out.message or "cannot flush the cache now", 400)
+        return PlainTextResponse("Cache flushed.\n")
+
+    @app.post("/abort_request")
+    async def abort_request(obj: AbortReqInput) -> Response:
+        if not obj.abort_all and not obj.rid:
+            raise InvalidRequestError("give a rid (prefix) to abort, or abort_all: true")
+        tm.abort(obj.rid, obj.abort_all)
+        return Response(status_code=200)
+
+    @app.get("/metrics")
+    async def get_metrics() -> Response:
+        try:
+            metrics.set_scheduler_state(await tm.internal_state())
+        except RequestError:
+            pass  # serve the counters we have
+        return Response(metrics.render(), media_type=metrics.content_type)
+
+    return app
+
+
+async def _sse(tm: TokenizerManager, prep: Any, request: Request) -> Any:
+    """``data: {json}\\n\\n`` per update, then ``data: [DONE]``; errors are sent in-band."""
+    try:
+        async for event in tm.generate_stream(prep, request.is_disconnected):
+            yield b"data: " + msgspec.json.encode(event) + b"\n\n"
+    except ClientDisconnected:
+        return
+    except RequestError as e:
+        yield b"data: " + msgspec.json.encode({"error": {"message": e.message, "code": e.status_code}}) + b"\n\n"
+    yield b"data: [DONE]\n\n"

@@ -1,0 +1,161 @@
+"""Engine behaviour beyond greedy equality: cached_tokens accounting, logprobs against transformers,
+seeded sampling independent of the batch, stop conditions, abort, and bad input."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from radixlm.managers.io_struct import AbortReq, TokenizedGenerateReq
+from radixlm.managers.validation import InvalidRequestError
+from radixlm.srt.engine import Engine
+from radixlm.srt.sampling_params import SamplingParams
+from tests.engine.reference import hf_logits
+from tests.engine.test_greedy_vs_hf import assert_clean
+
+GREEDY = {"temperature": 0, "max_new_tokens": 8}
+
+
+@pytest.fixture(scope="module")
+def engine(stories_path):
+    return Engine(stories_path, max_total_tokens=4096)
+
+
+@pytest.fixture(autouse=True)
+def clean_after(engine):
+    yield
+    assert_clean(engine)
+
+
+def test_cached_tokens_sglang_sequence(engine):
+    # SGLang's test_cache_tokens, scaled to a 2048-token context.
+    ids = lambda n: [3 + i % 500 for i in range(n)]  # noqa: E731
+    sp = {"temperature": 0, "max_new_tokens": 1}
+    assert engine.generate(input_ids=ids(100), sampling_params=sp)["meta_info"]["cached_tokens"] == 0
+    assert engine.generate(input_ids=ids(1000), sampling_params=sp)["meta_info"]["cached_tokens"] == 100
+    assert engine.generate(input_ids=ids(1000), sampling_params=sp)["meta_info"]["cached_tokens"] == 999
+    assert engine.generate(input_ids=ids(500), sampling_params=sp)["meta_info"]["cached_tokens"] == 499
+    assert engine.generate(input_ids=ids(1500), sampling_params=sp)["meta_info"]["cached_tokens"] == 1000
+
+
+def test_follow_up_reuses_generated_tokens(engine):
+    first = engine.generate("Once upon a time", {"temperature": 0, "max_new_tokens": 20})
+    prompt_ids = engine.tokenizer.encode("Once upon a time")
+    turn2 = prompt_ids + first["output_ids"] + engine.tokenizer.encode("The end", add_special_tokens=False)
+    out = engine.generate(input_ids=turn2, sampling_params=GREEDY)
+    # Prompt + all generated tokens but the last (whose KV was never computed) come from the tree.
+    assert out["meta_info"]["cached_tokens"] == len(prompt_ids) + 20 - 1
+
+
+def test_max_new_tokens_zero_caches_prompt(engine):
+    ids = engine.tokenizer.encode("The sun was shining and the birds were singing")
+    out = engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 0})
+    assert out["output_ids"] == [] and out["meta_info"]["finish_reason"] == {"type": "length", "length": 0}
+    again = engine.generate(input_ids=ids, sampling_params=GREEDY)
+    assert again["meta_info"]["cached_tokens"] == len(ids) - 1
+
+
+def test_logprobs_match_hf(engine, stories_path):
+    ids = engine.tokenizer.encode("Once upon a time, there was a little dog")
+    out = engine.generate(input_ids=ids, sampling_params={"temperature": 0, "max_new_tokens": 5},
+                          return_logprob=True, logprob_start_len=0, top_logprobs_num=3)
+    meta = out["meta_info"]
+    full = ids + out["output_ids"]
+    ref = torch.log_softmax(hf_logits(stories_path, full), dim=-1)
+    inp = meta["input_token_logprobs"]
+    assert len(inp) == len(ids) and inp[0][0] is None
+    for pos in range(1, len(ids)):
+        assert inp[pos][1] == ids[pos]
+        assert math.isclose(inp[pos][0], ref[pos - 1, ids[pos]].item(), abs_tol=1e-4)
+    outp = meta["output_token_logprobs"]
+    assert [t[1] for t in outp] == out["output_ids"]
+    for k, (lp, tid, _) in enumerate(outp):
+        assert math.isclose(lp, ref[len(ids) - 1 + k, tid].item(), abs_tol=1e-4)
+        top = meta["output_top_logprobs"][k]
+        assert [t[1] for t in top] == ref[len(ids) - 1 + k].topk(3).indices.tolist()
+
+
+def test_input_logprobs_from_start_len_with_cached_prefix(engine):
+    ids = engine.tokenizer.encode("Ben and Mia were best friends and they liked to play")
+    engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 0})  # cache it all
+    out = engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 1}, return_logprob=True,
+                          logprob_start_len=len(ids) - 2)
+    inp = out["meta_info"]["input_token_logprobs"]
+    assert [t[1] for t in inp] == ids[-2:] and all(t[0] is not None for t in inp)
+
+
+def test_seed_gives_same_text_in_any_batch(engine):
+    sp = {"temperature": 0.9, "max_new_tokens": 16, "sampling_seed": 1234}
+    alone = engine.generate("Lily went to the", sp)["output_ids"]
+    others = [{"temperature": 0.9, "max_new_tokens": 16, "sampling_seed": s} for s in (1, 2, 3)]
+    batch = engine.generate(["The cat", "Lily went to the", "Tom", "A bird"], [others[0], sp, others[1], others[2]])
+    assert batch[1]["output_ids"] == alone
+    assert len({tuple(o["output_ids"]) for o in batch}) > 1
+
+
+def test_stop_string_across_tokens_is_trimmed(engine):
+    full = engine.generate("Once upon a time", {"temperature": 0, "max_new_tokens": 30})["text"]
+    assert "little girl" in full
+    out = engine.generate("Once upon a time", {"temperature": 0, "max_new_tokens": 30, "stop": ["girl nam"]})
+    assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": "girl nam"}
+    assert out["text"] == full[:full.index("girl nam")]
+    kept = engine.generate("Once upon a time", {"temperature": 0, "max_new_tokens": 30, "stop": "girl nam",
+                                                "no_stop_trim": True})
+    assert kept["text"].endswith("girl nam") or "girl nam" in kept["text"]
+
+
+def test_stop_token_ids_and_eos(engine):
+    greedy = engine.generate("Once upon a time", {"temperature": 0, "max_new_tokens": 10})["output_ids"]
+    stop_at = greedy[3]
+    out = engine.generate("Once upon a time", {"temperature": 0, "max_new_tokens": 10, "stop_token_ids": [stop_at]})
+    assert out["output_ids"] == greedy[:greedy.index(stop_at) + 1]
+    assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop_at}
+    # min_new_tokens masks the stop id until reached.
+    longer = engine.generate("Once upon a time", {"temperature": 0, "max_new_tokens": 10,
+                                                  "stop_token_ids": [stop_at], "min_new_tokens": 10})
+    assert len(longer["output_ids"]) == 10 and stop_at not in longer["output_ids"]
+
+
+def test_abort_by_rid_prefix(engine):
+    sched = engine.scheduler
+    for i in range(3):
+        sched.add_request(TokenizedGenerateReq(rid=f"job-{i}", input_ids=[1, 400, 300],
+                                               sampling_params=SamplingParams(max_new_tokens=50)))
+    sched.step()
+    sched.step()
+    sched.handle_message(AbortReq(rid="job-"))
+    while sched.step():
+        pass
+    outs = {}
+    for batch in engine._outbox:
+        for rid, fr in zip(batch.rids, batch.finished_reasons):
+            if fr is not None:
+                assert rid not in outs, "exactly one finish reason per request"
+                outs[rid] = fr
+    engine._outbox.clear()
+    assert set(outs) == {"job-0", "job-1", "job-2"}
+    assert all(fr.type == "abort" for fr in outs.values())
+
+
+@pytest.mark.parametrize("kwargs,fragment", [
+    ({"input_ids": []}, "empty"),
+    ({"input_ids": [1, 99999]}, "outside the vocabulary"),
+    ({"input_ids": [1, -3]}, "outside the vocabulary"),
+    ({"input_ids": list(range(3, 500)) * 5}, "longer than the model's context length"),
+    ({"prompt": "hi", "sampling_params": {"temperature": -1}}, "temperature"),
+    ({"prompt": "hi", "sampling_params": {"temperature": float("nan")}}, "temperature"),
+    ({"prompt": "hi", "sampling_params": {"top_p": 0}}, "top_p"),
+    ({"prompt": "hi", "sampling_params": {"top_p": 1.5}}, "top_p"),
+    ({"prompt": "hi", "sampling_params": {"top_k": 0}}, "top_k"),
+    ({"prompt": "hi", "sampling_params": {"min_p": 2}}, "min_p"),
+    ({"prompt": "hi", "sampling_params": {"frequency_penalty": float("inf")}}, "frequency_penalty"),
+    ({"prompt": "hi", "sampling_params": {"max_new_tokens": -1}}, "max_new_tokens"),
+    ({"prompt": "hi", "sampling_params": {"bogus": 1}}, "bogus"),
+    ({"prompt": "hi", "sampling_params": {"logit_bias": {"9999": 1.0}}}, "logit_bias"),
+])
+def test_bad_input_is_a_typed_error_and_engine_survives(engine, kwargs, fragment):
+    with pytest.raises(InvalidRequestError, match=fragment):
+        engine.generate(**kwargs)
+    assert engine.generate("Lily", GREEDY)["meta_info"]["completion_tokens"] == 8
