@@ -302,15 +302,21 @@ class RadixCache:
         """
         self._clock += 1
         now = self._clock
+        page_size = self.page_size
         node = self.root
         pos = 0
         end = len(tkey)
         while pos < end:
-            child = node.children.get(self._child_key(tkey, pos))
+            # Inlined _child_key: this loop runs once per node on every match and insert.
+            child_key: ChildKey = tkey[pos] if page_size == 1 else tkey[pos : pos + page_size]
+            child = node.children.get(child_key)
             if child is None:
                 break
-            matched = self._match_len(child.key, tkey, pos)
-            if matched < len(child.key):
+            ckey = child.key
+            if tkey[pos : pos + len(ckey)] == ckey:  # whole node matched (one C-level compare)
+                matched = len(ckey)
+            else:
+                matched = self._match_len(ckey, tkey, pos)
                 child = self._split(child, matched)
             child.last_access = now
             if pages is not None:
@@ -320,16 +326,18 @@ class RadixCache:
         return node, pos
 
     def _match_len(self, ckey: tuple[int, ...], tkey: tuple[int, ...], pos: int) -> int:
-        """Page-aligned common prefix length of ``ckey`` and ``tkey[pos:]``.
+        """Page-aligned common prefix length of ``ckey`` and ``tkey[pos:]``, known to be shorter
+        than ``len(ckey)`` (the key ends or differs inside the node).
 
         The caller found ``ckey`` through its child key, so the first page is known equal.
         """
-        length = len(ckey)
-        limit = min(length, len(tkey) - pos)
-        # Fast path: one C-level slice compare covers the common cases (full node / key end).
+        limit = min(len(ckey), len(tkey) - pos)
         if ckey[:limit] == tkey[pos : pos + limit]:
-            return limit
+            return limit  # the key ends inside the node (limit is page-aligned)
+        # Skip equal 64-token chunks with C-level slice compares, then find the exact token.
         i = self.page_size
+        while i + 64 <= limit and ckey[i : i + 64] == tkey[pos + i : pos + i + 64]:
+            i += 64
         while ckey[i] == tkey[pos + i]:
             i += 1
         return i - i % self.page_size

@@ -11,11 +11,14 @@ import radixlm
 
 
 def _modules_after_import(module: str) -> set[str]:
-    # Propagate the directory radixlm was imported from (a symlink farm or site-packages) and
-    # run elsewhere, so a checkout's top-level radixlm/ folder cannot shadow it.
-    root = os.path.dirname(os.path.dirname(os.path.abspath(radixlm.__file__)))
+    # Run in an empty directory so nothing in the cwd can shadow the package. When radixlm was
+    # found through a plain directory named radixlm (site-packages, a symlink farm on PYTHONPATH),
+    # propagate its parent; an editable install resolves through its own finder.
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    package_dir = os.path.dirname(os.path.abspath(radixlm.__file__))
+    if os.path.basename(package_dir) == "radixlm":
+        root = os.path.dirname(package_dir)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     code = f"import sys, {module}; print(' '.join(sorted(sys.modules)))"
     with tempfile.TemporaryDirectory() as cwd:
         proc = subprocess.run(
