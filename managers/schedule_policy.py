@@ -14,6 +14,10 @@ from radixlm.managers.kv_manager import KVManager
 from radixlm.managers.schedule_batch import Req
 
 LPM_MAX_QUEUE = 128
+# In-batch prefix dedup (SGLang): a request whose cached prefix is short but whose first tokens equal
+# those of a request already in this extend batch waits one round, then hits the cache instead of
+# computing the same prefix twice.
+IN_BATCH_PREFIX_TOKENS = 32
 CLIP_MAX_NEW_TOKENS_ESTIMATION = 4096
 
 
@@ -48,6 +52,18 @@ class PrefillAdder:
     reserved: int = 0
     admitted: list[Req] = field(default_factory=list)
     new_chunked_req: Optional[Req] = None
+    batch_prefixes: set[tuple[int, ...]] = field(default_factory=set)
+
+    def defer_for_shared_prefix(self, req: Req) -> bool:
+        """True if ``req`` should wait because a request in this batch is computing its prefix."""
+        n = IN_BATCH_PREFIX_TOKENS
+        if req.num_cached >= n or req.seq_len <= n or self.kv.tree.disable:
+            return False
+        head = tuple(req.origin_input_ids[:n])
+        if head in self.batch_prefixes:
+            return True
+        self.batch_prefixes.add(head)
+        return False
 
     def reserve_running(self, running: list[Req]) -> None:
         self.reserved += sum(decode_reservation(r, self.new_token_ratio) for r in running)

@@ -12,6 +12,7 @@ offline ``Engine`` and tests drive it in-process and the server drives it from a
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any, Callable, Optional
 
 from radixlm.managers.io_struct import (AbortReq, BatchTokenOut, FinishReason, FlushCacheOut, FlushCacheReq,
@@ -57,10 +58,13 @@ class Scheduler:
         self.new_token_ratio = self.init_ratio
         self.min_ratio = self.init_ratio * MIN_NEW_TOKEN_RATIO_FACTOR
         self.stats = {"retractions": 0, "prompt_tokens": 0, "generation_tokens": 0, "cached_tokens": 0}
+        # Seconds spent in whole steps and in the model forward + sampling (the rest is overhead).
+        self.timing = {"steps": 0, "step_s": 0.0, "forward_s": 0.0}
 
     # ---- the loop ---------------------------------------------------------------------------
     def step(self) -> bool:
         """Run one batch if there is work; returns False when idle (after the leak check)."""
+        t0 = time.perf_counter()
         self._reap_aborted()
         batch = self._get_new_extend_batch() or self._get_decode_batch()
         if batch is None and not self.is_idle():
@@ -72,9 +76,15 @@ class Scheduler:
                 self.kv.check_idle()
             return False
         reqs, mwb = batch
-        out = self.worker.forward_batch_generation(mwb, *self.results.sampling_inputs(reqs, mwb, self.vocab_size))
+        sampling = self.results.sampling_inputs(reqs, mwb, self.vocab_size)
+        t1 = time.perf_counter()
+        out = self.worker.forward_batch_generation(mwb, *sampling)
+        t2 = time.perf_counter()
         finished = self.results.process(reqs, mwb, out)
         self._after_batch(reqs, mwb.forward_mode, finished)
+        self.timing["steps"] += 1
+        self.timing["forward_s"] += t2 - t1
+        self.timing["step_s"] += time.perf_counter() - t0
         return True
 
     def _abort_unschedulable(self) -> None:
@@ -177,6 +187,9 @@ class Scheduler:
             fresh = req.req_pool_idx is None
             if fresh and not self.kv.match_and_lock(req):
                 break
+            if fresh and adder.defer_for_shared_prefix(req):
+                self.kv.release(req, insert=False)
+                continue
             size = adder.extend_size(req)
             if size is None or not adder.fits(req, size):
                 if fresh:

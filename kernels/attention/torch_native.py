@@ -1,9 +1,11 @@
 """Pure-PyTorch paged attention: the CPU backend and the test oracle.
 
-Follows SGLang's ``torch_native_backend.py``: K/V are stored at ``out_cache_loc``, then for each
-request its keys and values are gathered through ``req_to_token[row, :seq_len]`` and attended with
-``scaled_dot_product_attention`` (GQA via ``enable_gqa``). A Python loop per request keeps every
-row's result independent of what else is in the batch.
+Follows SGLang's ``torch_native_backend.py`` in what it computes (K/V stored at ``out_cache_loc``,
+then each request attends over the slots in ``req_to_token[row, :seq_len]``) but uses explicit
+matmul-softmax-matmul where ``scaled_dot_product_attention``'s per-call overhead would dominate (short
+extends, decode); long extends use SDPA's fused kernel. Extend runs one request at a time; decode runs the
+whole batch at once over K/V gathered into a padded (bs, max_len) block, padded keys masked to -inf
+(they contribute exact zeros, so a row's result does not depend on the rest of the batch).
 """
 
 from __future__ import annotations
@@ -15,12 +17,15 @@ import torch.nn.functional as F
 
 from radixlm.kernels.attention.base import AttentionBackend
 
+# Extend rows with at least this many attention scores (new tokens x keys) use SDPA.
+SDPA_MIN_SCORES = 4096
+
 if TYPE_CHECKING:
     from radixlm.srt.forward_batch import ForwardBatch
 
 
 class TorchNativeAttnBackend(AttentionBackend):
-    """Paged attention with torch SDPA.
+    """Paged attention in plain torch ops; GQA by grouping query heads per KV head.
 
     Args:
         num_heads, num_kv_heads, head_dim: of this rank's attention layers.
@@ -30,14 +35,32 @@ class TorchNativeAttnBackend(AttentionBackend):
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scaling: float):
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
+        self.group = num_heads // num_kv_heads
         self.head_dim = head_dim
         self.scaling = scaling
 
     def init_forward_metadata(self, forward_batch: "ForwardBatch") -> None:
-        # Slot lists per request, gathered once per batch and shared by all layers.
-        rows = forward_batch.req_pool_indices.tolist()
-        table = forward_batch.req_to_token_pool.req_to_token
-        forward_batch.attn_metadata = [table[r, :n] for r, n in zip(rows, forward_batch.seq_lens)]
+        from radixlm.srt.forward_batch import ForwardMode
+
+        fb = forward_batch
+        table = fb.req_to_token_pool.req_to_token
+        if fb.forward_mode is ForwardMode.DECODE:
+            # (bs, max_len) slots, padded with slot 0 (dummy page); mask (bs, 1, 1, max_len).
+            max_len = max(fb.seq_lens)
+            slots = table.index_select(0, fb.req_pool_indices)[:, :max_len]
+            lens = torch.tensor(fb.seq_lens, device=slots.device)
+            valid = torch.arange(max_len, device=slots.device)[None, :] < lens[:, None]
+            fb.attn_metadata = (slots.masked_fill(~valid, 0), valid[:, None, None, :])
+            return
+        meta = []
+        for r, prefix, ext in zip(fb.req_pool_indices.tolist(), fb.prefix_lens, fb.extend_lens):
+            seq = prefix + ext
+            # Query i sits at absolute position prefix + i and sees keys 0..prefix + i.
+            mask = None
+            if prefix:
+                mask = torch.ones(ext, seq, dtype=torch.bool, device=table.device).tril(diagonal=prefix)
+            meta.append((table[r, :seq], mask))
+        fb.attn_metadata = meta
 
     def _store(self, k: torch.Tensor, v: torch.Tensor, layer_id: int, fb: "ForwardBatch") -> None:
         fb.kv_pool.set_kv(layer_id, fb.out_cache_loc,
@@ -48,35 +71,41 @@ class TorchNativeAttnBackend(AttentionBackend):
         fb = forward_batch
         self._store(k, v, layer_id, fb)
         k_buf, v_buf = fb.kv_pool.get_kv(layer_id)
-        q = q.view(-1, self.num_heads, self.head_dim)
-        out = torch.empty_like(q)
+        h, kvh, g, d = self.num_heads, self.num_kv_heads, self.group, self.head_dim
+        out = torch.empty_like(q).view(-1, h, d)
         start = 0
-        for slots, prefix, ext in zip(fb.attn_metadata, fb.prefix_lens, fb.extend_lens):
-            qi = q[start:start + ext].transpose(0, 1)  # (H, ext, D)
-            ki = k_buf[slots].transpose(0, 1)  # (KVH, seq, D)
-            vi = v_buf[slots].transpose(0, 1)
-            if prefix == 0:
-                o = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=self.scaling,
-                                                   enable_gqa=self.num_heads != self.num_kv_heads)
+        for (slots, mask), ext in zip(fb.attn_metadata, fb.extend_lens):
+            ki, vi = k_buf[slots], v_buf[slots]  # (seq, KVH, D)
+            if ext * len(slots) >= SDPA_MIN_SCORES:
+                # Long rows: torch's fused CPU attention kernel.
+                qi = q[start:start + ext].view(ext, h, d).transpose(0, 1)
+                o = F.scaled_dot_product_attention(
+                    qi, ki.transpose(0, 1), vi.transpose(0, 1), attn_mask=mask, is_causal=mask is None,
+                    scale=self.scaling, enable_gqa=g > 1)
+                out[start:start + ext] = o.transpose(0, 1)
             else:
-                # Query i sits at absolute position prefix + i and sees keys 0..prefix + i.
-                seq = prefix + ext
-                mask = torch.ones(ext, seq, dtype=torch.bool, device=q.device).tril(diagonal=prefix)
-                o = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, scale=self.scaling,
-                                                   enable_gqa=self.num_heads != self.num_kv_heads)
-            out[start:start + ext] = o.transpose(0, 1)
+                # Short rows: plain matmul-softmax-matmul (SDPA's per-call cost dominates here).
+                qi = q[start:start + ext].view(ext, kvh, g, d).permute(1, 2, 0, 3)  # (KVH, G, ext, D)
+                scores = torch.matmul(qi, ki.permute(1, 2, 0)[:, None]) * self.scaling  # (KVH, G, ext, seq)
+                if mask is None:
+                    mask = torch.ones(ext, ext, dtype=torch.bool, device=q.device).tril()
+                scores.masked_fill_(~mask, float("-inf"))
+                o = torch.matmul(scores.softmax(dim=-1), vi.transpose(0, 1)[:, None])  # (KVH, G, ext, D)
+                out[start:start + ext] = o.permute(2, 0, 1, 3).reshape(ext, h, d)
             start += ext
-        return out.view(-1, self.num_heads * self.head_dim)
+        return out.view(-1, h * d)
 
     def forward_decode(self, q, k, v, layer_id, forward_batch):
         fb = forward_batch
         self._store(k, v, layer_id, fb)
         k_buf, v_buf = fb.kv_pool.get_kv(layer_id)
-        q = q.view(-1, self.num_heads, 1, self.head_dim)
-        out = torch.empty_like(q)
-        for i, slots in enumerate(fb.attn_metadata):
-            ki = k_buf[slots].transpose(0, 1)
-            vi = v_buf[slots].transpose(0, 1)
-            out[i] = F.scaled_dot_product_attention(q[i], ki, vi, scale=self.scaling,
-                                                    enable_gqa=self.num_heads != self.num_kv_heads)
-        return out.view(-1, self.num_heads * self.head_dim)
+        slots, valid = fb.attn_metadata
+        bs = q.shape[0]
+        kvh, g, d = self.num_kv_heads, self.group, self.head_dim
+        qb = q.view(bs, kvh, g, 1, d)
+        kb = k_buf[slots].permute(0, 2, 3, 1)[:, :, None]  # (bs, KVH, 1, D, L)
+        vb = v_buf[slots].transpose(1, 2)[:, :, None]  # (bs, KVH, 1, L, D)
+        scores = torch.matmul(qb, kb) * self.scaling  # (bs, KVH, G, 1, L)
+        scores.masked_fill_(~valid[:, :, None], float("-inf"))
+        o = torch.matmul(scores.softmax(dim=-1), vb)  # (bs, KVH, G, 1, D)
+        return o.reshape(bs, self.num_heads * self.head_dim)

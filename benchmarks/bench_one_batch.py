@@ -1,0 +1,72 @@
+"""Static-batch latency of the engine: one prefill of the whole batch, then decode steps.
+
+Drives the Scheduler in-process (no HTTP), like SGLang's ``bench_one_batch``: for each batch size ×
+input length × output length it reports prefill throughput, decode throughput and the scheduler's
+per-step overhead (step time minus model forward + sampling).
+
+    python benchmarks/bench_one_batch.py --model stories260k --batch-sizes 1 8 32 --input-lens 128 --output-lens 32
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+
+from common import print_table, random_ids, resolve_model, write_json
+
+from radixlm.managers.io_struct import TokenizedGenerateReq
+from radixlm.srt.engine import Engine
+from radixlm.srt.sampling_params import SamplingParams
+
+
+def run_case(engine: Engine, bs: int, in_len: int, out_len: int, seed: int) -> dict:
+    sched = engine.scheduler
+    engine.flush_cache()
+    rng = random.Random(seed)
+    vocab = engine.model_config.vocab_size
+    params = SamplingParams(temperature=0, max_new_tokens=out_len, min_new_tokens=out_len)
+    for i in range(bs):
+        sched.add_request(TokenizedGenerateReq(rid=f"b{i}", input_ids=random_ids(rng, in_len, vocab), sampling_params=params))
+    t0 = time.perf_counter()
+    while sched.chunked_req is not None or sched.waiting:  # prefill (possibly several extend steps)
+        sched.step()
+    t1 = time.perf_counter()
+    timing0 = dict(sched.timing)
+    steps = 0
+    while sched.step():
+        steps += 1
+    t2 = time.perf_counter()
+    engine._outbox.clear()
+    dt = sched.timing["step_s"] - timing0["step_s"]
+    fwd = sched.timing["forward_s"] - timing0["forward_s"]
+    nsteps = max(sched.timing["steps"] - timing0["steps"], 1)
+    return {"batch": bs, "input_len": in_len, "output_len": out_len,
+            "prefill_s": t1 - t0, "prefill_tok_s": bs * in_len / (t1 - t0),
+            "decode_s": t2 - t1, "decode_tok_s": bs * (out_len - 1) / max(t2 - t1, 1e-9),
+            "decode_step_ms": 1000 * dt / nsteps, "overhead_ms_per_step": 1000 * (dt - fwd) / nsteps}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="stories260k", help="stories260k | smollm2 | a path")
+    ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("--input-lens", type=int, nargs="+", default=[128, 512])
+    ap.add_argument("--output-lens", type=int, nargs="+", default=[32])
+    ap.add_argument("--page-size", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--output", default="bench_results/bench_one_batch.json")
+    args = ap.parse_args()
+    max_bs = max(args.batch_sizes)
+    max_tokens = max_bs * (max(args.input_lens) + max(args.output_lens)) + 1024
+    engine = Engine(resolve_model(args.model), max_total_tokens=max_tokens, max_running_requests=max_bs,
+                    chunked_prefill_size=-1, max_prefill_tokens=max_tokens, page_size=args.page_size)
+    run_case(engine, 1, 16, 4, args.seed)  # warm-up
+    rows = [run_case(engine, bs, i, o, args.seed) for bs in args.batch_sizes for i in args.input_lens for o in args.output_lens]
+    print_table(rows, ["batch", "input_len", "output_len", "prefill_tok_s", "decode_tok_s", "decode_step_ms",
+                       "overhead_ms_per_step"])
+    write_json(args.output, {"benchmark": "bench_one_batch", "model": args.model, "page_size": args.page_size, "rows": rows})
+
+
+if __name__ == "__main__":
+    main()
