@@ -14,6 +14,7 @@ import torch
 
 from radixlm.kernels.attention import create_attention_backend
 from radixlm.radix_cache import PagePool
+from radixlm.srt.distributed import all_reduce_min
 from radixlm.srt.forward_batch import ForwardBatch, ModelWorkerBatch
 from radixlm.srt.kv_pool import KVPool, ReqToTokenPool
 from radixlm.srt.layers.parallel_state import TpGroup
@@ -76,6 +77,8 @@ class ModelRunner:
                     f"(weights take {weight_bytes / 2**20:.0f} MiB); raise it or set --max-total-tokens")
             # No point holding more than every running request at full context.
             total = min(budget // per_token, mc.context_len * args.max_running_requests)
+        # Every rank must hold the same number of pages (same scheduling decisions).
+        total = all_reduce_min(self.tp, total)
         num_pages = max(2, total // args.page_size)
         self.max_total_num_tokens = num_pages * args.page_size
         self.page_pool = PagePool(num_pages, args.page_size)

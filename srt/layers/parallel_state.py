@@ -19,6 +19,7 @@ class TpGroup:
     rank: int = 0
     size: int = 1
     group: Optional[Any] = None
+    cpu_group: Optional[Any] = None  # gloo group for CPU-side collectives (scheduler broadcasts)
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum ``x`` over ranks, in place."""
