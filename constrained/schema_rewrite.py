@@ -1,0 +1,241 @@
+"""JSON-schema rewrites that work around gaps of the grammar libraries (pure Python, no imports).
+
+* xgrammar 0.2.9 lowers a string with ``minLength``/``maxLength`` to ``[^"\\\\\\r\\n]{m,n}``, which
+  admits raw control characters (invalid JSON; upstream mlc-ai/xgrammar#800). Such strings (no
+  ``pattern``/``format``, bounds <= ``MAX_PATTERN_LENGTH``) are rewritten to the equivalent
+  ``pattern`` ``^[\\s\\S]{m,n}$``, whose lowering is JSON-string aware.
+* outlines-core 0.2.14 silently ignores numeric bounds and several keywords. Integer bounds and
+  inclusive integer-valued number bounds are compiled here into a regex (spliced in through a
+  ``const`` placeholder); every other ignored keyword raises ``GrammarError`` instead of producing
+  output that violates the schema.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from typing import Any, Optional
+
+from radixlm.constrained.spec import GrammarError
+
+MAX_PATTERN_LENGTH = 256  # xgrammar's regex path blows up on large repetition counts
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_SCHEMA_ONE = ("additionalProperties", "not", "if", "then", "else", "contains", "propertyNames",
+               "unevaluatedProperties", "unevaluatedItems", "additionalItems")
+_SCHEMA_LISTS = ("prefixItems", "anyOf", "oneOf", "allOf")
+# Keyword -> its neutral value (None: any value is unsupported) for outlines-core.
+_OUTLINES_IGNORED: dict[str, Any] = {
+    "multipleOf": None, "uniqueItems": False, "minProperties": 0, "maxProperties": None,
+    "patternProperties": None, "dependentRequired": None, "dependentSchemas": None,
+    "contains": None, "minContains": None, "maxContains": None, "propertyNames": None,
+    "unevaluatedProperties": None, "unevaluatedItems": None,
+}
+_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+
+
+def map_schema(node: Any, fn: Callable[[dict[str, Any]], dict[str, Any]]) -> Any:
+    """Apply ``fn`` bottom-up to every (sub)schema dict; data keywords (enum, const...) are kept."""
+    if not isinstance(node, dict):
+        return node
+    out = dict(node)
+    for key in _SCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {name: map_schema(sub, fn) for name, sub in out[key].items()}
+    for key in _SCHEMA_ONE:
+        if isinstance(out.get(key), dict):
+            out[key] = map_schema(out[key], fn)
+    for key in _SCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [map_schema(sub, fn) for sub in out[key]]
+    if isinstance(out.get("items"), dict):
+        out["items"] = map_schema(out["items"], fn)
+    elif isinstance(out.get("items"), list):
+        out["items"] = [map_schema(sub, fn) for sub in out["items"]]
+    return fn(out)
+
+
+def _load(text: str) -> Optional[Any]:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None  # the backend reports invalid JSON with its own message
+
+
+def _dump(schema: Any) -> str:
+    return json.dumps(schema, ensure_ascii=False)
+
+
+# ------------------------------------------------------------------------------------ xgrammar
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _string_length_to_pattern(node: dict[str, Any]) -> dict[str, Any]:
+    if node.get("type") != "string" or any(k in node for k in ("pattern", "format", "enum", "const")):
+        return node
+    lo, hi = node.get("minLength", 0), node.get("maxLength")
+    if ("minLength" not in node and "maxLength" not in node) or not _is_int(lo) \
+            or (hi is not None and not _is_int(hi)):
+        return node
+    if lo > MAX_PATTERN_LENGTH or (hi is not None and hi > MAX_PATTERN_LENGTH) or lo < 0 \
+            or (hi is not None and hi < lo):
+        return node  # leave it to xgrammar (its own errors / its counted repetition)
+    out = {k: v for k, v in node.items() if k not in ("minLength", "maxLength")}
+    out["pattern"] = f"^[\\s\\S]{{{lo},{'' if hi is None else hi}}}$"
+    return out
+
+
+def patch_xgrammar_schema(text: str) -> str:
+    """Schema text for xgrammar: length-bounded strings go through the JSON-aware pattern path."""
+    schema = _load(text)
+    if not isinstance(schema, dict):
+        return text
+    patched = map_schema(schema, _string_length_to_pattern)
+    return text if patched == schema else _dump(patched)
+
+
+# ------------------------------------------------------------------------------------ outlines
+def _digits_range(lo: str, hi: str) -> list[str]:
+    """Regex alternatives for the digit strings of equal length in [lo, hi]."""
+    if lo == hi:
+        return [lo]
+    if len(lo) == 1:
+        return [f"[{lo}-{hi}]"]
+    if lo[0] == hi[0]:
+        return [lo[0] + rest for rest in _digits_range(lo[1:], hi[1:])]
+    n = len(lo) - 1
+    if lo[1:] == "0" * n and hi[1:] == "9" * n:
+        return [f"[{lo[0]}-{hi[0]}]" + "[0-9]" * n]
+    alts = [lo[0] + rest for rest in _digits_range(lo[1:], "9" * n)]
+    if int(hi[0]) - int(lo[0]) > 1:
+        alts.append(f"[{int(lo[0]) + 1}-{int(hi[0]) - 1}]" + "[0-9]" * n)
+    alts += [hi[0] + rest for rest in _digits_range("0" * n, hi[1:])]
+    return alts
+
+
+def natural_range_regex(lo: int, hi: Optional[int]) -> str:
+    """Regex for the canonical decimal naturals in [lo, hi] (hi None: unbounded), 0 <= lo."""
+    alts: list[str] = []
+    width = len(str(lo))
+    top = hi if hi is not None else 10 ** width - 1
+    while lo <= top:
+        end = min(top, 10 ** width - 1)
+        alts += _digits_range(str(lo), str(end))
+        lo, width = 10 ** width, width + 1
+    if hi is None:
+        alts.append(f"[1-9][0-9]{{{width - 1},}}")
+    return "(" + "|".join(alts) + ")"
+
+
+def integer_range_regex(lo: Optional[int], hi: Optional[int]) -> str:
+    """Regex for the JSON integers in [lo, hi] (None = unbounded on that side; no "-0").
+
+    Raises:
+        GrammarError: the range is empty.
+    """
+    if lo is not None and hi is not None and lo > hi:
+        raise GrammarError(f"empty integer range [{lo}, {hi}]")
+    alts = []
+    if lo is None or lo < 0:  # negatives: -k for k in [max(1, -hi), -lo]
+        alts.append("-" + natural_range_regex(max(1, -hi) if hi is not None else 1,
+                                              None if lo is None else -lo))
+    if hi is None or hi >= 0:
+        alts.append(natural_range_regex(max(0, lo) if lo is not None else 0, hi))
+    return "(" + "|".join(alts) + ")"
+
+
+def _magnitude_regex(lo: int, hi: Optional[int]) -> str:
+    """Unsigned decimals (optional fraction, no exponent) with value in [lo, hi], lo integer."""
+    frac = r"(\.[0-9]+)?"
+    if hi is None:
+        return f"({natural_range_regex(lo, None)}{frac})"
+    alts = [f"{hi}(\\.0+)?"]
+    if hi > lo:
+        alts.insert(0, f"{natural_range_regex(lo, hi - 1)}{frac}")
+    return "(" + "|".join(alts) + ")"
+
+
+def number_range_regex(lo: Optional[int], hi: Optional[int]) -> str:
+    """Regex for JSON numbers in [lo, hi] with integer bounds (no exponent).
+
+    Raises:
+        GrammarError: the range is empty.
+    """
+    if lo is not None and hi is not None and lo > hi:
+        raise GrammarError(f"empty number range [{lo}, {hi}]")
+    alts = []
+    if lo is None or lo < 0:  # -m with m in [max(0, -hi), -lo]
+        alts.append("-" + _magnitude_regex(max(0, -hi) if hi is not None else 0,
+                                           None if lo is None else -lo))
+    if hi is None or hi >= 0:
+        alts.append(_magnitude_regex(max(0, lo) if lo is not None else 0, hi))
+    return "(" + "|".join(alts) + ")"
+
+
+def _numeric_bounds(node: dict[str, Any], integer: bool) -> tuple[Optional[int], Optional[int]]:
+    lo: Optional[int] = None
+    hi: Optional[int] = None
+    for key in _BOUNDS:
+        if key not in node:
+            continue
+        value = node[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise GrammarError(f"{key} must be a finite number, got {value!r}")
+        exclusive = key.startswith("exclusive")
+        if integer:
+            bound = {"minimum": math.ceil(value), "exclusiveMinimum": math.floor(value) + 1,
+                     "maximum": math.floor(value), "exclusiveMaximum": math.ceil(value) - 1}[key]
+        elif exclusive or value != int(value):
+            raise GrammarError(f"the outlines backend supports only inclusive integer bounds on "
+                               f"numbers, got {key}={value!r}; use --grammar-backend xgrammar")
+        else:
+            bound = int(value)
+        if key.endswith("inimum"):
+            lo = bound if lo is None else max(lo, bound)
+        else:
+            hi = bound if hi is None else min(hi, bound)
+    return lo, hi
+
+
+def prepare_outlines_schema(text: str) -> tuple[str, dict[str, str]]:
+    """Schema text for outlines-core plus ``{placeholder regex: bound regex}`` to splice in.
+
+    The placeholder is the regex outlines emits for ``{"const": "<placeholder>"}``, i.e. the
+    quoted placeholder; replace it in the built regex with the paired bounded-number regex.
+
+    Raises:
+        GrammarError: a keyword outlines-core would silently ignore, or unsupported bounds.
+    """
+    schema = _load(text)
+    if not isinstance(schema, dict):
+        return text, {}
+    splices: dict[str, str] = {}
+
+    def rewrite(node: dict[str, Any]) -> dict[str, Any]:
+        for key, neutral in _OUTLINES_IGNORED.items():
+            if key in node and (neutral is None or node[key] != neutral):
+                raise GrammarError(f"JSON schema keyword {key!r} is not supported by the outlines "
+                                   "backend; use --grammar-backend xgrammar")
+        if not any(k in node for k in _BOUNDS):
+            return node
+        kind = node.get("type")
+        if kind not in ("integer", "number"):
+            raise GrammarError("the outlines backend supports numeric bounds only on a schema of "
+                               f"type integer or number, got type {kind!r}")
+        lo, hi = _numeric_bounds(node, integer=kind == "integer")
+        regex = integer_range_regex(lo, hi) if kind == "integer" else number_range_regex(lo, hi)
+        placeholder = f"__radixlm_bound_{len(splices)}__"
+        splices[f'"{placeholder}"'] = regex
+        return {"const": placeholder}
+
+    patched = map_schema(schema, rewrite)
+    return (text if patched == schema else _dump(patched)), splices
+
+
+def splice_regex(regex: str, splices: dict[str, str]) -> str:
+    """Replace each placeholder of ``prepare_outlines_schema`` in ``regex`` (every occurrence; an
+    unreferenced ``$defs`` entry has none)."""
+    for placeholder, sub in splices.items():
+        regex = regex.replace(placeholder, sub)
+    return regex

@@ -1,0 +1,118 @@
+"""xgrammar backend (the default): JSON schema, any-JSON object, regex and EBNF.
+
+Tokenizer info is built once per backend from the HF tokenizer (``TokenizerInfo.from_huggingface``
+detects byte-level BPE vs SentencePiece byte fallback), padded to the model's logits width; special
+tokens other than the stop tokens are blanked so a grammar never emits them as text. JSON schemas
+pass through ``schema_rewrite.patch_xgrammar_schema`` (length-bounded strings could otherwise emit
+raw control characters, upstream xgrammar#800).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from radixlm.constrained.base import CompiledGrammar, GrammarBackend, GrammarMatcher
+from radixlm.constrained.schema_rewrite import patch_xgrammar_schema
+from radixlm.constrained.spec import GrammarError, GrammarSpec
+from radixlm.constrained.vocab import special_token_ids
+
+if TYPE_CHECKING:
+    import torch
+
+_ANY_OBJECT_SCHEMA = '{"type": "object"}'
+
+
+class XGrammarMatcher(GrammarMatcher):
+    """Wraps ``xgrammar.GrammarMatcher`` (rollback depth unlimited in xgrammar >= 0.1.2x)."""
+
+    def __init__(self, matcher: Any, vocab_size: int, stop_token_ids: Sequence[int]):
+        super().__init__(vocab_size, stop_token_ids)
+        self._m = matcher
+
+    def is_terminated(self) -> bool:
+        return bool(self._m.is_terminated())
+
+    def is_completed(self) -> bool:
+        return bool(self._m.is_completed())
+
+    def copy(self) -> "XGrammarMatcher":
+        twin = XGrammarMatcher(self._m.fork(), self.vocab_size, self.stop_token_ids)
+        twin.num_accepted = self.num_accepted
+        return twin
+
+    def _accept(self, token_id: int) -> bool:
+        return bool(self._m.accept_token(token_id))
+
+    def _fill(self, bitmask: "torch.Tensor", row: int) -> None:
+        self._m.fill_next_token_bitmask(bitmask, row)
+
+    def _rollback(self, num_tokens: int) -> None:
+        self._m.rollback(num_tokens)
+
+    def _reset(self) -> None:
+        self._m.reset()
+
+
+class XGrammarBackend(GrammarBackend):
+    """Compiles with one thread-safe ``xgrammar.GrammarCompiler`` per model.
+
+    Args:
+        tokenizer: the model's HF tokenizer.
+        vocab_size: logits width V (>= the tokenizer's ids that can be sampled).
+        eos_token_ids: stop tokens (allowed once the grammar is complete).
+        any_whitespace: JSON allows any whitespace between tokens (xgrammar's flexible mode);
+            default False: compact ``", "`` / ``": "`` separators, so JSON can't run away in spaces.
+        max_threads: xgrammar's internal compile threads.
+    """
+
+    name = "xgrammar"
+
+    def __init__(self, tokenizer: Any, vocab_size: int, eos_token_ids: Sequence[int],
+                 any_whitespace: bool = False, max_threads: int = 8):
+        super().__init__(vocab_size, eos_token_ids, any_whitespace)
+        import xgrammar
+
+        self._xgr = xgrammar
+        self.tokenizer_info = self._tokenizer_info(tokenizer)
+        self._compiler = xgrammar.GrammarCompiler(self.tokenizer_info, max_threads=max_threads)
+
+    def _tokenizer_info(self, tokenizer: Any) -> Any:
+        xgr = self._xgr
+        stops = list(self.eos_token_ids)
+        base = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=self.vocab_size,
+                                                  stop_token_ids=stops)
+        # Blank special tokens (xgrammar treats an empty token as special = never allowed), and
+        # pad/truncate the vocabulary to exactly V entries.
+        encoded = [""] * self.vocab_size
+        for tok, tid in tokenizer.get_vocab().items():
+            if 0 <= tid < self.vocab_size:
+                encoded[tid] = tok
+        for tid in special_token_ids(tokenizer) - set(stops):
+            if 0 <= tid < self.vocab_size:
+                encoded[tid] = ""
+        meta = json.loads(base.dump_metadata())
+        meta.update(vocab_size=self.vocab_size, stop_token_ids=stops)
+        return xgr.TokenizerInfo.from_vocab_and_metadata(encoded, json.dumps(meta))
+
+    def _compile(self, spec: GrammarSpec) -> Any:
+        c = self._compiler
+        if spec.kind == "json_schema":
+            return c.compile_json_schema(patch_xgrammar_schema(spec.text),
+                                         any_whitespace=self.any_whitespace)
+        if spec.kind == "json_object":
+            return c.compile_json_schema(_ANY_OBJECT_SCHEMA, any_whitespace=self.any_whitespace,
+                                         strict_mode=False)
+        if spec.kind == "regex":
+            return c.compile_regex(spec.text)
+        if spec.kind == "ebnf":
+            return c.compile_grammar(spec.text)
+        raise GrammarError(f"grammar kind {spec.kind!r} is not supported by the xgrammar backend")
+
+    def _new_matcher(self, compiled: CompiledGrammar) -> XGrammarMatcher:
+        return XGrammarMatcher(self._xgr.GrammarMatcher(compiled.handle), self.vocab_size,
+                               self.eos_token_ids)
+
+    def clear_cache(self) -> None:
+        self._compiler.clear_cache()
