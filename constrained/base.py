@@ -71,19 +71,11 @@ def token_ids_bitmask_row(token_ids: Iterable[int], vocab_size: int) -> "torch.T
 
 
 def bitmask_to_bool(bitmask: "torch.Tensor", vocab_size: int) -> "torch.Tensor":
-    """Unpack an int32 ``(batch, >= ceil(V/32))`` bitmask into a bool ``(batch, V)`` allowed-mask.
+    """Unpack an int32 ``(batch, >= ceil(V/32))`` bitmask into a bool ``(batch, V)`` allowed-mask
+    (``radixlm.kernels.sampling.unpack_vocab_mask``, the one implementation of the layout)."""
+    from radixlm.kernels.sampling import unpack_vocab_mask
 
-    Same result as ``radixlm.kernels.sampling.unpack_vocab_mask``, but ANDs with per-bit constants
-    instead of a tensor-by-tensor right shift (which is ~1000x slower on CPU in torch 2.13:
-    ~20 ms vs ~0.02 ms at V = 49152).
-    """
-    import torch
-
-    words = num_bitmask_words(vocab_size)
-    bits = torch.tensor([1 << i if i < 31 else -(1 << 31) for i in range(32)], dtype=torch.int32,
-                        device=bitmask.device)
-    allowed = (bitmask[:, :words].unsqueeze(-1) & bits) != 0
-    return allowed.view(bitmask.shape[0], words * 32)[:, :vocab_size]
+    return unpack_vocab_mask(bitmask, vocab_size)
 
 
 def check_bitmask(bitmask: "torch.Tensor", row: int, vocab_size: int) -> None:

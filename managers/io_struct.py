@@ -90,6 +90,8 @@ class InternalState(msgspec.Struct, tag=True, kw_only=True):
     num_cached_tokens: int
     page_size: int
     context_len: int
+    num_grammar_compiles: int = 0
+    num_grammar_cache_hits: int = 0
 
 
 class BatchTokenOut(msgspec.Struct, tag=True, kw_only=True):

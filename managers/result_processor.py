@@ -7,6 +7,7 @@ from typing import Any, Optional
 
 import torch
 
+from radixlm.constrained import fill_batch_bitmask
 from radixlm.kernels.sampling import SamplingBatchInfo, compute_logprobs
 from radixlm.managers.io_struct import FinishReason
 from radixlm.managers.kv_manager import KVManager
@@ -27,10 +28,18 @@ class ResultProcessor:
     def sampling_inputs(self, reqs: list[Req], mwb: ModelWorkerBatch, vocab_size: int
                         ) -> tuple[SamplingBatchInfo, Optional[torch.Tensor]]:
         """Sampling tensors for the batch's rows, plus the grammar bitmask if any row is constrained."""
+        # A complete grammar may allow only EOS: min_new_tokens must not mask it then.
+        stop_ids = [frozenset() if r.grammar is not None and r.grammar.is_completed() else r.stop_ids
+                    for r in reqs]
         info = SamplingBatchInfo.from_requests(
             [r.sampling_params for r in reqs], [r.output_ids for r in reqs], vocab_size,
-            [r.stop_ids for r in reqs], device=self.kv.req_to_token_pool.req_to_token.device)
-        return info, None
+            stop_ids, device=self.kv.req_to_token_pool.req_to_token.device)
+        mask = None
+        if any(r.grammar is not None for r in reqs):
+            samples = [r.num_cached + r.extend_len == r.seq_len for r in reqs]
+            mask = fill_batch_bitmask([r.grammar if r.grammar is not None and s else None
+                                       for r, s in zip(reqs, samples)], vocab_size)
+        return info, mask
 
     def process(self, reqs: list[Req], mwb: ModelWorkerBatch, out: WorkerOutput) -> list[Req]:
         """Advance every request of the batch; returns those that finished."""
@@ -68,8 +77,9 @@ class ResultProcessor:
                 r.pending_output_logprobs.append(out_lp[i][0])
                 if out_lp[i][1] is not None:
                     r.pending_output_top.append(out_lp[i][1])
-            if r.grammar is not None:
-                r.grammar.accept_token(next_ids[i])
+            if r.grammar is not None and not r.grammar.accept_token(next_ids[i]):
+                r.to_abort = FinishReason(type="abort", status_code=500,
+                                          message=f"internal error: the grammar rejected sampled token {next_ids[i]}")
             r.check_finished(self._decode)
             if r.finished:
                 finished.append(r)

@@ -41,7 +41,9 @@ class Req:
         self.num_retractions = 0
         self.finished_reason: Optional[FinishReason] = None
         self.to_abort: Optional[FinishReason] = None
-        self.grammar: Any = None
+        self.grammar: Any = None  # a constrained.GrammarMatcher once compiled
+        self.grammar_future: Any = None  # concurrent.futures.Future of the compiled grammar
+        self.grammar_deadline = 0.0
         self.created = time.monotonic()
 
         # What has been sent downstream.
@@ -85,8 +87,8 @@ class Req:
         self.num_retractions += 1
 
     def check_finished(self, decode_text: Any) -> None:
-        """Set ``finished_reason`` after a new output token, in SGLang's order: abort, length,
-        grammar end, stop token, stop string. ``decode_text(ids) -> str`` decodes a token tail."""
+        """Set ``finished_reason`` after a new output token: abort, grammar end, stop token, stop
+        string, then length (a stop on the last allowed token reports ``stop``, like vLLM). ``decode_text(ids) -> str`` decodes a token tail."""
         if self.finished_reason is not None:
             return
         if self.to_abort is not None:
@@ -95,7 +97,7 @@ class Req:
         n = len(self.output_ids)
         last = self.output_ids[-1] if n else None
         if self.grammar is not None and self.grammar.is_terminated():
-            self.finished_reason = FinishReason(type="stop", matched=None)
+            self.finished_reason = FinishReason(type="stop", matched=last)
             return
         if last is not None and n >= self.sampling_params.min_new_tokens:
             if last in self.stop_ids:

@@ -15,6 +15,7 @@ import logging
 import time
 from typing import Any, Callable, Optional
 
+from radixlm.constrained import GrammarBackend, GrammarCache, GrammarError, GrammarSpec
 from radixlm.managers.io_struct import (AbortReq, BatchTokenOut, FinishReason, FlushCacheOut, FlushCacheReq,
                                         GetInternalStateReq, InternalState, Message, TokenizedGenerateReq)
 from radixlm.managers.kv_manager import KVManager
@@ -35,14 +36,26 @@ MIN_NEW_TOKEN_RATIO_FACTOR = 0.14
 NEW_TOKEN_RATIO_DECAY_STEPS = 600
 
 
+def create_scheduler_grammar_backend(args: ServerArgs, tokenizer: Any, model_config: Any) -> Optional[GrammarBackend]:
+    """The ``--grammar-backend`` for this model (None for ``none``)."""
+    from radixlm.constrained import create_grammar_backend
+
+    return create_grammar_backend(args.grammar_backend, tokenizer, model_config.vocab_size,
+                                  list(model_config.eos_token_ids), any_whitespace=args.grammar_any_whitespace)
+
+
 class Scheduler:
     def __init__(self, server_args: ServerArgs, worker: TpModelWorker, tokenizer: Any,
-                 send_output: Callable[[BatchTokenOut], None], grammar_backend: Any = None):
+                 send_output: Callable[[BatchTokenOut], None], grammar_backend: Optional[GrammarBackend] = None):
         self.args = server_args
         self.worker = worker
         self.tokenizer = tokenizer
         self.send_output = send_output
         self.grammar_backend = grammar_backend
+        self.grammar_cache = GrammarCache(grammar_backend) if grammar_backend is not None else None
+        # With several TP ranks, "is the grammar compiled yet" must not depend on timing.
+        self.grammar_blocking = worker.model_runner.tp.size > 1
+        self.grammar_queue: list[Req] = []
         mc = worker.model_config
         self.context_len = mc.context_len
         self.vocab_size = mc.vocab_size
@@ -66,14 +79,16 @@ class Scheduler:
         """Run one batch if there is work; returns False when idle (after the leak check)."""
         t0 = time.perf_counter()
         self._reap_aborted()
+        self._poll_grammar_queue()
         batch = self._get_new_extend_batch() or self._get_decode_batch()
-        if batch is None and not self.is_idle():
-            self._abort_unschedulable()
-            return True
         if batch is None:
-            if self.is_idle():
-                self.new_token_ratio = self.init_ratio
-                self.kv.check_idle()
+            if self.waiting or self.chunked_req is not None:
+                self._abort_unschedulable()
+                return True
+            if self.grammar_queue:
+                return True  # grammars still compiling
+            self.new_token_ratio = self.init_ratio
+            self.kv.check_idle()
             return False
         reqs, mwb = batch
         sampling = self.results.sampling_inputs(reqs, mwb, self.vocab_size)
@@ -102,7 +117,7 @@ class Scheduler:
             self._emit([head])
 
     def is_idle(self) -> bool:
-        return not self.waiting and not self.running and self.chunked_req is None
+        return not self.waiting and not self.running and self.chunked_req is None and not self.grammar_queue
 
     # ---- inputs -------------------------------------------------------------------------------
     def handle_message(self, msg: Message) -> Optional[Message]:
@@ -126,11 +141,63 @@ class Scheduler:
         max_new = room if params.max_new_tokens is None else min(params.max_new_tokens, room)
         req = Req(msg, stop_ids, max(max_new, 0))
         error = self._validate(msg)
+        if error is None:
+            queued, error = self._queue_grammar(req)
+            if queued:
+                return
         if error is not None:
             req.finished_reason = FinishReason(type="abort", message=error, status_code=400)
             self._emit([req])
             return
         self.waiting.append(req)
+
+    def _queue_grammar(self, req: Req) -> tuple[bool, Optional[str]]:
+        """Start compiling the request's grammar. Returns (queued in the grammar queue, error)."""
+        try:
+            spec = GrammarSpec.from_sampling_params(req.sampling_params)
+        except GrammarError as e:
+            return False, str(e)
+        if spec is None:
+            return False, None
+        if self.grammar_cache is None:
+            return False, "grammar-constrained decoding is off on this server (--grammar-backend none)"
+        req.grammar_future = self.grammar_cache.request(spec)
+        req.grammar_deadline = time.monotonic() + self.args.grammar_compile_timeout
+        self.grammar_queue.append(req)
+        return True, None
+
+    def _poll_grammar_queue(self) -> None:
+        """Move requests whose grammar compiled to the waiting queue (FIFO); fail the others."""
+        if not self.grammar_queue:
+            return
+        # Nothing else to do: wait a little for the first grammar instead of spinning.
+        block = not self.waiting and not self.running and self.chunked_req is None
+        still, failed = [], []
+        for req in self.grammar_queue:
+            fut = req.grammar_future
+            timeout = max(req.grammar_deadline - time.monotonic(), 0) if self.grammar_blocking else (0.03 if block else 0)
+            try:
+                compiled = fut.result(timeout=timeout) if timeout or fut.done() else None
+            except GrammarError as e:
+                req.finished_reason = FinishReason(type="abort", status_code=400, message=str(e))
+                failed.append(req)
+                continue
+            except TimeoutError:
+                compiled = None
+            if compiled is not None:
+                req.grammar = self.grammar_backend.new_matcher(compiled)  # type: ignore[union-attr]
+                self.waiting.append(req)
+            elif time.monotonic() > req.grammar_deadline:
+                req.finished_reason = FinishReason(type="abort", status_code=400, message=(
+                    f"grammar compilation took longer than --grammar-compile-timeout "
+                    f"{self.args.grammar_compile_timeout:g} s"))
+                failed.append(req)
+            else:
+                still.append(req)
+            block = False
+        self.grammar_queue = still
+        if failed:
+            self._emit(failed)
 
     def _validate(self, msg: TokenizedGenerateReq) -> Optional[str]:
         try:
@@ -148,9 +215,10 @@ class Scheduler:
         def match(r: Req) -> bool:
             return abort_all or r.rid.startswith(rid)
 
-        gone = [r for r in self.waiting if match(r)]
+        gone = [r for r in self.waiting + self.grammar_queue if match(r)]
         if gone:
             self.waiting = [r for r in self.waiting if not match(r)]
+            self.grammar_queue = [r for r in self.grammar_queue if not match(r)]
             for r in gone:
                 r.finished_reason = FinishReason(type="abort", message="Abort in waiting queue")
                 self.kv.release(r, insert=False)
@@ -288,6 +356,8 @@ class Scheduler:
         if not self.is_idle():
             return FlushCacheOut(success=False, message="cannot flush the cache while requests are queued or running")
         self.kv.flush()
+        if self.grammar_cache is not None:
+            self.grammar_cache.clear()
         return FlushCacheOut(success=True)
 
     def internal_state(self) -> InternalState:
@@ -295,7 +365,10 @@ class Scheduler:
         return InternalState(
             max_total_num_tokens=kv.total_tokens, available_size=kv.pool.available_size,
             evictable_size=kv.tree.evictable_size(), protected_size=kv.tree.protected_size(),
-            num_running_reqs=len(self.running) + (self.chunked_req is not None), num_waiting_reqs=len(self.waiting),
+            num_running_reqs=len(self.running) + (self.chunked_req is not None),
+            num_waiting_reqs=len(self.waiting) + len(self.grammar_queue),
             num_retractions=self.stats["retractions"], num_prompt_tokens=self.stats["prompt_tokens"],
             num_generation_tokens=self.stats["generation_tokens"], num_cached_tokens=self.stats["cached_tokens"],
-            page_size=self.args.page_size, context_len=self.context_len)
+            page_size=self.args.page_size, context_len=self.context_len,
+            num_grammar_compiles=self.grammar_cache.num_compiles if self.grammar_cache is not None else 0,
+            num_grammar_cache_hits=self.grammar_cache.num_hits if self.grammar_cache is not None else 0)

@@ -16,7 +16,7 @@ from typing import Any, Optional, Union
 from radixlm.managers.detokenizer_manager import DetokenizerManager
 from radixlm.managers.io_struct import BatchStrOut, BatchTokenOut, TokenizedGenerateReq
 from radixlm.managers.response import ResponseAccumulator
-from radixlm.managers.scheduler import Scheduler
+from radixlm.managers.scheduler import Scheduler, create_scheduler_grammar_backend
 from radixlm.managers.tp_worker import TpModelWorker
 from radixlm.managers.validation import InvalidRequestError, validate_generate_input
 from radixlm.srt.model_config import ModelConfig
@@ -48,7 +48,8 @@ class Engine:
         self.tokenizer = load_tokenizer(self.model_config.model_path, args.tokenizer_path)
         self.worker = TpModelWorker(self.model_config, args)
         self._outbox: list[BatchTokenOut] = []
-        self.scheduler = Scheduler(args, self.worker, self.tokenizer, self._outbox.append)
+        grammar = create_scheduler_grammar_backend(args, self.tokenizer, self.model_config)
+        self.scheduler = Scheduler(args, self.worker, self.tokenizer, self._outbox.append, grammar)
         self.detokenizer = DetokenizerManager(self.tokenizer)
         self._ids = itertools.count()
 
@@ -85,7 +86,10 @@ class Engine:
                 "internal_state": {f: getattr(state, f) for f in state.__struct_fields__}}
 
     def shutdown(self) -> None:
+        """Drop queued work and stop the grammar compiler threads."""
         self.scheduler.waiting.clear()
+        if self.scheduler.grammar_cache is not None:
+            self.scheduler.grammar_cache.shutdown()
 
     # ---- internals -------------------------------------------------------------------------
     def _run(self, msgs: list[TokenizedGenerateReq]) -> dict[str, dict]:

@@ -53,6 +53,8 @@ class ServerArgs:
     disable_radix_cache: bool = field(default=False, metadata={"help": "turn prefix caching off"})
     attention_backend: str = field(default="auto", metadata={"help": "auto|torch_native|flashinfer"})
     grammar_backend: str = field(default="xgrammar", metadata={"help": "xgrammar|outlines|none"})
+    grammar_compile_timeout: float = field(default=30.0, metadata={"help": "seconds a grammar may take to compile before its request ends with an error"})
+    grammar_any_whitespace: bool = field(default=False, metadata={"help": "let JSON grammars emit any whitespace (default: compact separators, so output cannot run away in whitespace)"})
     disable_cuda_graph: bool = field(default=False, metadata={"help": "run decode eagerly on CUDA"})
     random_seed: int = field(default=0, metadata={"help": "seed of unseeded sampling"})
     cache_dir: Optional[str] = field(default=None, metadata={"help": "where converted GGUF weights are cached"})
@@ -83,6 +85,8 @@ class ServerArgs:
             raise ServerArgsError("--max-total-tokens must hold at least two pages")
         if not 0 < self.mem_fraction_static < 1:
             raise ServerArgsError("--mem-fraction-static must be in (0, 1)")
+        if self.grammar_compile_timeout <= 0:
+            raise ServerArgsError("--grammar-compile-timeout must be > 0")
         if not 1 <= self.port <= 65535:
             raise ServerArgsError(f"--port must be in 1..65535, got {self.port}")
 
