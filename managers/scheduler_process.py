@@ -46,7 +46,8 @@ def run_scheduler_process(server_args: "ServerArgs", paths: "IpcPaths", ready_pi
         ready_pipe: receives the str ``"ready"`` once the model is loaded and the sockets are up, or
             ``"error: <traceback>"`` if the process fails (before or after ready).
 
-    Exits 0 on SIGTERM/SIGINT or when the parent dies; 1 with the traceback logged on any error.
+    Exits 0 on SIGTERM/SIGINT or when the parent dies; 1 with the traceback logged on any error
+    (through ``os._exit``, skipping interpreter teardown).
     """
     import zmq
 
@@ -62,7 +63,8 @@ def run_scheduler_process(server_args: "ServerArgs", paths: "IpcPaths", ready_pi
         if ready_pipe is not None:
             ready_pipe.send("ready")
         logger.info("scheduler ready: max_total_num_tokens=%d", scheduler.kv.total_tokens)
-        _serve(scheduler, receiver, reply, stopping, parent_pid)
+        if not _serve(scheduler, receiver, reply, stopping, parent_pid):
+            paths.remove()  # the launcher was killed and cannot clean up its IPC directory
     except Exception:
         tb = traceback.format_exc()
         logger.error("scheduler process crashed:\n%s", tb)
@@ -72,8 +74,18 @@ def run_scheduler_process(server_args: "ServerArgs", paths: "IpcPaths", ready_pi
             except OSError:
                 pass  # the launcher is gone; the log has the error
         _close(sockets, ctx)
-        sys.exit(1)
+        _exit_now(1)
     _close(sockets, ctx)
+    _exit_now(0)
+
+
+def _exit_now(code: int) -> None:
+    """Exit without interpreter teardown: unloading torch and friends takes seconds on a busy
+    machine, and the launcher waits for us. Everything worth keeping (logs) is flushed first."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _build(args: "ServerArgs", paths: "IpcPaths", ctx: Any, sockets: list[Any]) -> tuple["Scheduler", Any, Any]:
@@ -97,8 +109,8 @@ def _build(args: "ServerArgs", paths: "IpcPaths", ctx: Any, sockets: list[Any]) 
     return Scheduler(args, worker, tokenizer, to_detokenizer.send), receiver, reply
 
 
-def _serve(scheduler: "Scheduler", receiver: Any, reply: Any, stopping: list[int], parent_pid: int) -> None:
-    """Run until a signal lands in ``stopping`` or the parent process is gone."""
+def _serve(scheduler: "Scheduler", receiver: Any, reply: Any, stopping: list[int], parent_pid: int) -> bool:
+    """Run until a signal lands in ``stopping`` (returns True) or the parent process is gone (False)."""
     def dispatch(msg: Any) -> None:
         out = scheduler.handle_message(msg)
         if out is not None:
@@ -106,6 +118,9 @@ def _serve(scheduler: "Scheduler", receiver: Any, reply: Any, stopping: list[int
 
     leak_checked = True
     while not stopping:
+        if os.getppid() != parent_pid:
+            logger.warning("scheduler: parent process %d exited; stopping", parent_pid)
+            return False
         for msg in receiver.recv_all_nowait():
             dispatch(msg)
         if not scheduler.is_idle():
@@ -115,12 +130,10 @@ def _serve(scheduler: "Scheduler", receiver: Any, reply: Any, stopping: list[int
         elif not leak_checked:
             scheduler.step()  # idle: runs the KV leak check, once per busy period (it walks the tree)
             leak_checked = True
-        if os.getppid() != parent_pid:
-            logger.warning("scheduler: parent process %d exited; stopping", parent_pid)
-            return
         msg = receiver.recv(timeout_ms=_IDLE_POLL_MS)
         if msg is not None:
             dispatch(msg)
+    return True
 
 
 def _close(sockets: list[Any], ctx: Any) -> None:

@@ -127,6 +127,8 @@ class TokenizerManager:
                        asyncio.create_task(self._loop(self._from_scheduler), name="tm-control")]
 
     def close(self) -> None:
+        """Stop the receive loops and close the sockets; later requests fail with 503."""
+        self.fail_all(self.dead or "the server is shutting down")
         for task in self._tasks:
             task.cancel()
         for sock in (self._to_scheduler, self._from_detokenizer, self._from_scheduler):
@@ -165,7 +167,8 @@ class TokenizerManager:
 
         def msg(i: int, ids: list[int], params: SamplingParams, rid: str, stream: bool) -> TokenizedGenerateReq:
             return TokenizedGenerateReq(rid=rid, input_ids=ids, sampling_params=params, stream=stream,
-                                        return_logprob=req.return_logprob[i], logprob_start_len=req.logprob_start_len[i],
+                                        return_logprob=req.return_logprob[i],
+                                        logprob_start_len=req.logprob_start_len[i],
                                         top_logprobs_num=req.top_logprobs_num[i])
 
         warmups, msgs = [], []
@@ -192,8 +195,8 @@ class TokenizerManager:
             ClientDisconnected: the client left (the requests were aborted).
         """
         states: list[ReqState] = []
-        async for states in self._updates(prep, is_disconnected):
-            pass
+        async for update in self._updates(prep, is_disconnected):
+            states = update
         for s in states:
             fr = s.acc.finish_reason
             if fr is not None and fr.type == "abort" and fr.status_code is not None:
@@ -370,7 +373,8 @@ class TokenizerManager:
                                aborted=fr is not None and fr.type == "abort")
 
     def fail_all(self, reason: str) -> None:
-        """The scheduler or detokenizer is gone: end every waiting request with ``reason`` (503)."""
+        """A child process is gone or the server is shutting down: end every waiting request with
+        ``reason`` (503) and refuse new ones."""
         self.dead = reason
         for state in self.states.values():
             state.error = reason

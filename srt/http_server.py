@@ -137,18 +137,28 @@ class AbortReqInput(BaseModel):
 
 # ---- errors ---------------------------------------------------------------------------------------
 def _format_validation_errors(errors: list[dict]) -> str:
-    """One line per offending field, e.g. ``input_ids: Input should be a valid integer``."""
+    """One clause per offending field, e.g. ``input_ids.1: Input should be a valid integer``; the
+    branches of a union (``str`` / ``list[str]``) are merged into one clause."""
     if any(e.get("type") == "json_invalid" for e in errors):
         detail = next(e for e in errors if e.get("type") == "json_invalid").get("ctx", {}).get("error", "")
         return f"malformed JSON body: {detail}".rstrip(": ")
-    parts: dict[str, str] = {}
+    by_field: dict[str, list[tuple[list[str], str]]] = {}
     for e in errors:
-        loc = [str(p) for p in e.get("loc", ()) if p != "body"]
-        field = loc[0] if loc else "request body"
-        if field not in parts:
-            where = ".".join(loc) if loc else "request body"
-            parts[field] = f"{where}: {e.get('msg', 'invalid')}".replace("Value error, ", "")
-    return "invalid request: " + "; ".join(parts.values())
+        loc = [str(p) for p in e.get("loc", ()) if p != "body" and not _is_type_tag(p)]
+        msg = str(e.get("msg", "invalid")).replace("Value error, ", "")
+        by_field.setdefault(loc[0] if loc else "", []).append((loc, msg))
+    clauses = []
+    for errs in by_field.values():
+        depth = max(len(loc) for loc, _ in errs)  # the union branch that got furthest explains best
+        deepest = [(loc, msg) for loc, msg in errs if len(loc) == depth]
+        msgs = list(dict.fromkeys(msg for _, msg in deepest))
+        clauses.append(f"{'.'.join(deepest[0][0]) or 'request body'}: {' or '.join(msgs)}")
+    return "invalid request: " + "; ".join(clauses)
+
+
+def _is_type_tag(part: object) -> bool:
+    """pydantic names union branches in ``loc`` by their type (``str``, ``list[int]``, ...)."""
+    return isinstance(part, str) and (part in ("str", "int", "float", "bool") or "[" in part)
 
 
 def error_response(exc: BaseException) -> Response:
@@ -182,8 +192,8 @@ class ApiKeyMiddleware:
         if scope["type"] == "http" and scope["path"] != "/health" and scope.get("method") != "OPTIONS":
             got = dict(scope.get("headers") or []).get(b"authorization", b"")
             if not hmac.compare_digest(got, self.expected):
-                resp = json_response({"error": {"message": "invalid or missing API key (Authorization: Bearer KEY)"}}, 401)
-                await resp(scope, receive, send)
+                message = "invalid or missing API key (Authorization: Bearer KEY)"
+                await json_response({"error": {"message": message}}, 401)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
@@ -192,13 +202,15 @@ class ApiKeyMiddleware:
 def create_app(tm: TokenizerManager, server_args: Any, model_info: dict, metrics: Any, version: str) -> FastAPI:
     """Build the app. ``model_info`` is the ``/get_model_info`` dict; ``metrics`` a ``ServerMetrics``."""
     app = FastAPI(title="radixlm")
-    for exc_type in (RequestValidationError, InvalidRequestError, RequestError, Exception):
+    for exc_type in (RequestValidationError, ValidationError, InvalidRequestError, RequestError, Exception):
         app.add_exception_handler(exc_type, lambda request, exc: error_response(exc))
     if server_args.api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=server_args.api_key)
 
     @app.api_route("/generate", methods=["POST", "PUT"])
-    async def generate(obj: GenerateReqInput, request: Request) -> Response:
+    async def generate(request: Request) -> Response:
+        # Parsed by hand so a body sent without a JSON content type (curl -d) still works.
+        obj = GenerateReqInput.model_validate_json(await request.body())
         prep = tm.prepare(obj.to_request())
         tm.check_admission(prep)
         if obj.stream:
@@ -242,7 +254,8 @@ def create_app(tm: TokenizerManager, server_args: Any, model_info: dict, metrics
         return PlainTextResponse("Cache flushed.\n")
 
     @app.post("/abort_request")
-    async def abort_request(obj: AbortReqInput) -> Response:
+    async def abort_request(request: Request) -> Response:
+        obj = AbortReqInput.model_validate_json(await request.body())
         if not obj.abort_all and not obj.rid:
             raise InvalidRequestError("give a rid (prefix) to abort, or abort_all: true")
         tm.abort(obj.rid, obj.abort_all)

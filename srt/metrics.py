@@ -3,16 +3,21 @@
 Everything lives on a private ``CollectorRegistry`` owned by a ``ServerMetrics`` instance (no
 module-level state), so several servers or tests in one process never collide.
 
-Series (units in the names): ``radixlm:prompt_tokens_total``, ``radixlm:generation_tokens_total``,
-``radixlm:cached_tokens_total`` and ``radixlm:num_requests_total`` / ``radixlm:num_aborted_requests_total``
-(counters, fed by the TokenizerManager as outputs arrive); ``radixlm:cache_hit_rate`` (cached / prompt
-tokens since start), ``radixlm:num_running_reqs``, ``radixlm:num_queued_reqs``, ``radixlm:token_usage``
-(fraction of the KV pool held by requests; evictable cached prefixes count as free) and ``radixlm:max_total_num_tokens`` (gauges,
-set from the scheduler's ``InternalState`` at scrape time); ``radixlm:time_to_first_token_seconds``,
-``radixlm:inter_token_latency_seconds`` and ``radixlm:e2e_request_latency_seconds`` (histograms).
+Series (units in the names):
+- counters, fed by the TokenizerManager as outputs arrive: ``radixlm:prompt_tokens_total``,
+  ``radixlm:generation_tokens_total``, ``radixlm:cached_tokens_total``, ``radixlm:num_requests_total``,
+  ``radixlm:num_aborted_requests_total``;
+- gauges, set from the scheduler's ``InternalState`` at scrape time: ``radixlm:cache_hit_rate`` (cached /
+  prompt tokens since start), ``radixlm:num_running_reqs``, ``radixlm:num_queued_reqs``,
+  ``radixlm:token_usage`` (fraction of the KV pool held by requests; evictable cached prefixes count as
+  free), ``radixlm:max_total_num_tokens``;
+- histograms: ``radixlm:time_to_first_token_seconds`` and ``radixlm:inter_token_latency_seconds``
+  (streaming requests), ``radixlm:e2e_request_latency_seconds``.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -32,14 +37,16 @@ class ServerMetrics:
         labels = ["model_name"]
         self._labels = {"model_name": model_name}
 
-        def counter(name: str, doc: str) -> Counter:
-            return Counter(PREFIX + name, doc, labels, registry=self.registry)
+        # Each collector is bound to its label values at once, so every series exists from the start.
+        def counter(name: str, doc: str) -> Any:
+            return Counter(PREFIX + name, doc, labels, registry=self.registry).labels(**self._labels)
 
-        def gauge(name: str, doc: str) -> Gauge:
-            return Gauge(PREFIX + name, doc, labels, registry=self.registry)
+        def gauge(name: str, doc: str) -> Any:
+            return Gauge(PREFIX + name, doc, labels, registry=self.registry).labels(**self._labels)
 
-        def histogram(name: str, doc: str) -> Histogram:
-            return Histogram(PREFIX + name, doc, labels, buckets=_LATENCY_BUCKETS, registry=self.registry)
+        def histogram(name: str, doc: str) -> Any:
+            return Histogram(PREFIX + name, doc, labels, buckets=_LATENCY_BUCKETS,
+                             registry=self.registry).labels(**self._labels)
 
         self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of finished requests")
         self.generation_tokens = counter("generation_tokens", "Generated tokens")
@@ -57,37 +64,36 @@ class ServerMetrics:
 
     # ---- per request (TokenizerManager) ------------------------------------------------------
     def observe_tokens(self, num_new_tokens: int) -> None:
-        self.generation_tokens.labels(**self._labels).inc(num_new_tokens)
+        self.generation_tokens.inc(num_new_tokens)
 
     def observe_first_token(self, seconds: float) -> None:
-        self.ttft.labels(**self._labels).observe(seconds)
+        self.ttft.observe(seconds)
 
     def observe_inter_token(self, seconds: float, num_tokens: int) -> None:
         """``seconds`` since the previous output, which brought ``num_tokens`` (>= 1) new tokens."""
         per_token = seconds / max(num_tokens, 1)
         for _ in range(max(num_tokens, 1)):
-            self.itl.labels(**self._labels).observe(per_token)
+            self.itl.observe(per_token)
 
     def observe_finished(self, prompt_tokens: int, cached_tokens: int, e2e_seconds: float, aborted: bool) -> None:
-        self.prompt_tokens.labels(**self._labels).inc(prompt_tokens)
-        self.cached_tokens.labels(**self._labels).inc(cached_tokens)
-        self.num_requests.labels(**self._labels).inc()
+        self.prompt_tokens.inc(prompt_tokens)
+        self.cached_tokens.inc(cached_tokens)
+        self.num_requests.inc()
         if aborted:
-            self.num_aborted.labels(**self._labels).inc()
-        self.e2e.labels(**self._labels).observe(e2e_seconds)
+            self.num_aborted.inc()
+        self.e2e.observe(e2e_seconds)
 
     # ---- at scrape time ----------------------------------------------------------------------
     def set_scheduler_state(self, state: InternalState) -> None:
         """Refresh the gauges from the scheduler's counters."""
-        lab = self._labels
         total = max(state.max_total_num_tokens, 1)
-        self.num_running.labels(**lab).set(state.num_running_reqs)
-        self.num_queued.labels(**lab).set(state.num_waiting_reqs)
+        self.num_running.set(state.num_running_reqs)
+        self.num_queued.set(state.num_waiting_reqs)
         held = state.max_total_num_tokens - state.available_size - state.evictable_size
-        self.token_usage.labels(**lab).set(held / total)
-        self.max_total_tokens.labels(**lab).set(state.max_total_num_tokens)
+        self.token_usage.set(held / total)
+        self.max_total_tokens.set(state.max_total_num_tokens)
         prompt = state.num_prompt_tokens
-        self.cache_hit_rate.labels(**lab).set(state.num_cached_tokens / prompt if prompt else 0.0)
+        self.cache_hit_rate.set(state.num_cached_tokens / prompt if prompt else 0.0)
 
     def render(self) -> bytes:
         """The registry in Prometheus text exposition format."""

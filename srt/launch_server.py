@@ -1,0 +1,240 @@
+"""``python -m radixlm.srt.launch_server [SGLang-style flags]``: start the whole server (DESIGN.md section 2).
+
+Order: resolve the model in this process (a GGUF is converted once, here), start the detokenizer and
+scheduler processes (multiprocessing *spawn*), wait until both report ready, then open the port
+(uvicorn + FastAPI + TokenizerManager on one asyncio loop). A watchdog polls the children: if one
+dies, its error goes to the log, waiting requests fail with 503 and the server exits with status 1.
+SIGTERM / Ctrl-C stop uvicorn (open streams get ``_GRACEFUL_SHUTDOWN_S``), then the children
+(SIGTERM, SIGKILL after ``_CHILD_STOP_S``), and remove the IPC directory; exit status 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import logging
+import multiprocessing
+import os
+import signal
+import sys
+import time
+from typing import Any, Optional
+
+from radixlm.srt.server_args import ServerArgs, ServerArgsError
+
+logger = logging.getLogger("radixlm.launch_server")
+
+_GRACEFUL_SHUTDOWN_S = 2
+_CHILD_STOP_S = 5.0
+_WATCHDOG_S = 0.5
+
+
+class _Stop(BaseException):
+    """Raised by the SIGTERM/SIGINT handler while the server is starting."""
+
+
+@dataclasses.dataclass
+class _Child:
+    name: str
+    process: Any  # multiprocessing.Process
+    pipe: Any  # receiving end of its ready/error pipe
+
+    def error_text(self) -> str:
+        """The child's ``error: <traceback>`` message if it sent one, else its exit status."""
+        try:
+            if self.pipe.poll():
+                msg = self.pipe.recv()
+                if isinstance(msg, str) and msg.startswith("error: "):
+                    return msg[len("error: "):]
+        except (EOFError, OSError):
+            pass
+        return f"(no traceback; exit code {self.process.exitcode})"
+
+
+def main(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> int:
+    """Parse ``ServerArgs`` flags (unknown flags are errors, exit 2), run the server, then leave the
+    process with its status at once: every child is already stopped, and interpreter teardown
+    (unloading torch) would take seconds during which a second signal kills us with -15."""
+    parser = argparse.ArgumentParser(prog=prog or "python -m radixlm.srt.launch_server",
+                                     description="Serve a model over HTTP (SGLang's native API).")
+    ServerArgs.add_cli_args(parser)
+    ns = parser.parse_args(argv)
+    try:
+        args = ServerArgs.from_cli_args(ns)
+    except ServerArgsError as e:
+        parser.error(str(e))
+    code = launch_server(args)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def launch_server(args: ServerArgs) -> int:
+    """Run until SIGTERM/SIGINT (returns 0) or until a process fails (returns 1)."""
+    logging.basicConfig(level=args.log_level.upper(), force=True,
+                        format="[%(asctime)s %(processName)s] %(levelname)s %(name)s: %(message)s")
+    stopping: list[int] = []
+    serving = [False]
+
+    def on_signal(signum: int, frame: Any) -> None:
+        stopping.append(signum)
+        if not serving[0]:
+            raise _Stop()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
+    children: list[_Child] = []
+    paths = None
+    try:
+        from radixlm.managers.ipc import IpcPaths
+        from radixlm.srt.model_config import ModelConfig
+        from radixlm.srt.model_loader import load_tokenizer, resolve_model_path
+
+        resolved = resolve_model_path(args.model_path, cache_dir=args.cache_dir)
+        model_config = ModelConfig.from_path(resolved, dtype=args.dtype, context_length=args.context_length,
+                                             device=args.device, cache_dir=args.cache_dir)
+        tokenizer = load_tokenizer(resolved, args.tokenizer_path, cache_dir=args.cache_dir)
+        paths = IpcPaths.in_new_tempdir()
+        logger.info("IPC sockets in %s", paths.root)
+        children = _start_children(args, resolved, paths)
+        if not _wait_ready(children):
+            return 1
+        serving[0] = True
+        return asyncio.run(_serve(args, children, tokenizer, model_config, paths, stopping))
+    except _Stop:
+        logger.info("stopped by signal during startup")
+        return 0
+    except Exception:
+        logger.exception("server failed to start")
+        return 1
+    finally:
+        serving[0] = True  # from here on a signal only records
+        _stop_children(children)
+        if paths is not None:
+            paths.remove()
+
+
+def _start_children(args: ServerArgs, resolved: str, paths: Any) -> list[_Child]:
+    from radixlm.managers.detokenizer_manager import run_detokenizer_process
+    from radixlm.managers.scheduler_process import run_scheduler_process
+
+    ctx = multiprocessing.get_context("spawn")
+    child_args = dataclasses.replace(args, model_path=resolved)
+    specs = [("detokenizer", run_detokenizer_process, (args.tokenizer_path or resolved, paths)),
+             ("scheduler", run_scheduler_process, (child_args, paths))]
+    children = []
+    for name, target, target_args in specs:
+        reader, writer = ctx.Pipe(duplex=False)
+        proc = ctx.Process(target=target, args=(*target_args, writer), name=f"radixlm-{name}", daemon=True)
+        proc.start()
+        writer.close()  # the child holds the only writer, so its death shows as EOF
+        children.append(_Child(name, proc, reader))
+        logger.info("started %s process (pid %d)", name, proc.pid)
+    return children
+
+
+def _wait_ready(children: list[_Child]) -> bool:
+    """Block until every child sent ``ready``; False (after logging why) if one failed first."""
+    pending = list(children)
+    while pending:
+        for child in list(pending):
+            try:
+                msg = child.pipe.recv() if child.pipe.poll(0.1) else None
+            except EOFError:  # the child closed its end without a word: it is exiting
+                child.process.join(2.0)
+                msg = f"error: (exited before ready; exit code {child.process.exitcode})"
+            if msg == "ready":
+                logger.info("%s process ready", child.name)
+                pending.remove(child)
+            elif isinstance(msg, str):
+                logger.error("%s process failed to start:\n%s", child.name, msg[len("error: "):])
+                return False
+            elif not child.process.is_alive():
+                logger.error("%s process exited during startup (exit code %s)", child.name, child.process.exitcode)
+                return False
+    return True
+
+
+async def _serve(args: ServerArgs, children: list[_Child], tokenizer: Any, model_config: Any, paths: Any,
+                 stopping: list[int]) -> int:
+    import uvicorn
+
+    from radixlm import __version__
+    from radixlm.managers.tokenizer_manager import TokenizerManager
+    from radixlm.srt.http_server import create_app
+    from radixlm.srt.metrics import ServerMetrics
+
+    hf = model_config.hf_config
+    model_info = {"model_path": args.model_path or model_config.model_path,
+                  "tokenizer_path": args.tokenizer_path or model_config.model_path,
+                  "served_model_name": args.served_model_name or args.model_path or model_config.model_path,
+                  "is_generation": True, "preferred_sampling_params": None, "weight_version": "default",
+                  "has_image_understanding": False, "model_type": getattr(hf, "model_type", None),
+                  "architectures": list(getattr(hf, "architectures", None) or [model_config.architecture]),
+                  "context_length": model_config.context_len}
+    metrics = ServerMetrics(str(model_info["served_model_name"]))
+    tm = TokenizerManager(args, tokenizer, model_config.vocab_size, model_config.context_len, paths, metrics)
+    tm.start()
+    app = create_app(tm, args, model_info, metrics, __version__)
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_config=None, log_level=args.log_level,
+                            access_log=args.log_level == "debug", timeout_graceful_shutdown=_GRACEFUL_SHUTDOWN_S)
+    server = uvicorn.Server(config)
+    exit_code = [0]
+    watchdog = asyncio.create_task(_watchdog(children, server, tm, exit_code, stopping))
+    try:
+        logger.info("radixlm server listening on http://%s:%d", args.host, args.port)
+        await server.serve()
+    finally:
+        watchdog.cancel()
+        tm.close()
+    if not server.started and exit_code[0] == 0:
+        return 1  # uvicorn could not start (e.g. the port is taken); it logged why
+    return exit_code[0]
+
+
+async def _watchdog(children: list[_Child], server: Any, tm: Any, exit_code: list[int], stopping: list[int]) -> None:
+    """If a child dies: log its error, fail waiting requests, stop the server with status 1. Also
+    stops the server for a signal that arrived before uvicorn installed its own handlers, and once
+    shutdown begins ends open requests at once (503), so open streams do not hold it up."""
+    while True:
+        await asyncio.sleep(_WATCHDOG_S)
+        if stopping:
+            server.should_exit = True
+        if server.should_exit:
+            if tm.dead is None:
+                tm.fail_all("the server is shutting down")
+            continue
+        for child in children:
+            if child.process.is_alive():
+                continue
+            reason = f"the {child.name} process died (exit code {child.process.exitcode})"
+            logger.error("%s; shutting down. Its error:\n%s", reason, child.error_text())
+            tm.fail_all(reason)
+            exit_code[0] = 1
+            server.should_exit = True
+            return
+
+
+def _stop_children(children: list[_Child]) -> None:
+    """SIGTERM every live child, SIGKILL whatever is still alive after ``_CHILD_STOP_S``."""
+    if children:
+        logger.info("stopping %s", ", ".join(f"{c.name} (pid {c.process.pid})" for c in children))
+    for child in children:
+        if child.process.is_alive():
+            child.process.terminate()
+    deadline = time.monotonic() + _CHILD_STOP_S
+    for child in children:
+        child.process.join(max(0.0, deadline - time.monotonic()))
+        if child.process.is_alive():
+            logger.warning("%s process did not stop in %.0f s; killing it", child.name, _CHILD_STOP_S)
+            child.process.kill()
+            child.process.join(2.0)
+        child.pipe.close()
+    if children:
+        logger.info("all processes stopped")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

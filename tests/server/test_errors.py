@@ -1,0 +1,133 @@
+"""Bad input -> 400 with a useful message (then the server still answers), --api-key, and
+--max-queued-requests -> 503. One server: --api-key, 2 running + 2 queued at most."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import pytest
+
+from .helpers import BASE_ARGS, greedy
+
+KEY = "test-secret"
+
+
+@pytest.fixture(scope="module")
+def server(launch, stories_path):
+    return launch(["--model-path", stories_path, *BASE_ARGS, "--api-key", KEY, "--max-running-requests", "2",
+                   "--max-queued-requests", "2"], api_key=KEY)
+
+
+def _ok(http: httpx.Client) -> None:
+    resp = http.post("/generate", json={"text": "Lily", "sampling_params": greedy(2)})
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["meta_info"]["completion_tokens"] == 2
+
+
+LONG_IDS = list(range(5, 505)) * 5  # 2500 tokens > the 2048-token context
+
+BAD_BODIES = [
+    ("malformed JSON", b'{"text": "Lily", ', "malformed JSON"),
+    ("not an object", b'["Lily"]', "should be an object"),
+    ("empty body", b"", "malformed JSON"),
+    ("neither text nor ids", {"sampling_params": {}}, "exactly one of text and input_ids"),
+    ("both text and ids", {"text": "a", "input_ids": [1, 2]}, "exactly one of text and input_ids"),
+    ("text of wrong type", {"text": 5}, "text"),
+    ("ids of wrong type", {"input_ids": [1, "2"]}, "input_ids"),
+    ("bool stream flag as str", {"text": "a", "stream": "yes"}, "stream"),
+    ("unknown field", {"text": "a", "max_tokens": 3}, "max_tokens"),
+    ("unsupported field", {"text": "a", "image_data": "x.png"}, "image_data"),
+    ("sampling_params not an object", {"text": "a", "sampling_params": 3}, "sampling_params"),
+    ("unknown sampling field", {"text": "a", "sampling_params": {"temprature": 0}}, "temprature"),
+    ("sampling value of wrong type", {"text": "a", "sampling_params": {"temperature": "hot"}}, "temperature"),
+    ("negative temperature", {"text": "a", "sampling_params": {"temperature": -1}}, "temperature must be >= 0"),
+    ("top_p out of range", {"text": "a", "sampling_params": {"top_p": 1.5}}, "top_p must be in (0, 1]"),
+    ("top_k zero", {"text": "a", "sampling_params": {"top_k": 0}}, "top_k"),
+    ("min_p out of range", {"text": "a", "sampling_params": {"min_p": 2}}, "min_p"),
+    ("penalty out of range", {"text": "a", "sampling_params": {"frequency_penalty": 3}}, "frequency_penalty"),
+    ("negative max_new_tokens", {"text": "a", "sampling_params": {"max_new_tokens": -1}}, "max_new_tokens"),
+    ("n zero", {"text": "a", "sampling_params": {"n": 0}}, "n must be >= 1"),
+    ("stop id outside vocab", {"text": "a", "sampling_params": {"stop_token_ids": [512]}}, "stop_token_ids"),
+    ("logit_bias key not an id", {"text": "a", "sampling_params": {"logit_bias": {"x": 1}}}, "logit_bias"),
+    ("input id outside vocab", {"input_ids": [1, 512]}, "outside the vocabulary [0, 512)"),
+    ("negative input id", {"input_ids": [1, -3]}, "outside the vocabulary"),
+    ("empty input_ids", {"input_ids": []}, "empty"),
+    ("empty batch", {"text": []}, "empty"),
+    ("prompt longer than context", {"input_ids": LONG_IDS},
+     "2500 tokens) is longer than the model's context length (2048"),
+    ("max_new_tokens beyond context", {"text": "Lily", "sampling_params": {"max_new_tokens": 2047}},
+     "max_new_tokens is 2047"),
+    ("sampling_params list of wrong length", {"text": ["a", "b"], "sampling_params": [{}]}, "sampling_params"),
+    ("rid list of wrong length", {"text": ["a", "b"], "rid": ["x"]}, "rid"),
+    ("different n in one batch", {"text": ["a", "b"], "sampling_params": [{"n": 1}, {"n": 2}]}, "share n"),
+    ("negative top_logprobs_num", {"text": "a", "return_logprob": True, "top_logprobs_num": -1}, "top_logprobs_num"),
+]
+
+
+@pytest.mark.parametrize("body,needle", [(b, n) for _, b, n in BAD_BODIES], ids=[c for c, _, _ in BAD_BODIES])
+def test_bad_input_is_400_with_message_then_server_still_works(http, body, needle):
+    if isinstance(body, bytes):
+        resp = http.post("/generate", content=body, headers={"content-type": "application/json"})
+    else:
+        resp = http.post("/generate", json=body)
+    assert resp.status_code == 400, resp.text
+    message = resp.json()["error"]["message"]
+    assert needle in message, message
+    _ok(http)
+
+
+def test_bad_streaming_request_is_a_plain_400(http):
+    resp = http.post("/generate", json={"text": "a", "stream": True, "sampling_params": {"top_p": 0}})
+    assert resp.status_code == 400 and "top_p" in resp.json()["error"]["message"]
+    _ok(http)
+
+
+def test_default_max_new_tokens_is_clamped_not_refused(http):
+    prompt = list(range(5, 505)) * 4  # 2000 tokens: default 128 would not fit, so it is clamped
+    resp = http.post("/generate", json={"input_ids": prompt, "sampling_params": {"temperature": 0, "ignore_eos": True}})
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["meta_info"]["completion_tokens"] == 2048 - 2000
+
+
+def test_api_key_is_required_except_for_health(server):
+    with httpx.Client(base_url=server.url, timeout=30) as anon:
+        assert anon.get("/health").status_code == 200
+        for method, path in [("POST", "/generate"), ("GET", "/get_model_info"), ("GET", "/metrics"),
+                             ("GET", "/server_info"), ("POST", "/flush_cache"), ("GET", "/health_generate")]:
+            resp = anon.request(method, path, json={"text": "a"})
+            assert resp.status_code == 401, (path, resp.text)
+            assert "API key" in resp.json()["error"]["message"]
+        wrong = anon.get("/get_model_info", headers={"Authorization": "Bearer nope"})
+        assert wrong.status_code == 401
+        right = anon.get("/get_model_info", headers={"Authorization": f"Bearer {KEY}"})
+        assert right.status_code == 200
+
+
+def test_queue_limit_answers_503(http, server):
+    results: list = [None] * 4
+
+    def long_request(i: int) -> None:
+        with server.client() as c:
+            body = {"text": f"Lily {i}", "sampling_params": greedy(1500, ignore_eos=True)}
+            results[i] = c.post("/generate", json=body)
+
+    threads = [threading.Thread(target=long_request, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 60
+    while True:  # 2 running + 2 queued: the limit
+        state = http.get("/get_server_info").json()["internal_states"][0]
+        if state["num_running_reqs"] == 2 and state["num_waiting_reqs"] == 2:
+            break
+        assert time.monotonic() < deadline, state
+        time.sleep(0.05)
+    refused = http.post("/generate", json={"text": "Lily", "sampling_params": greedy(2)})
+    assert refused.status_code == 503
+    assert "queue is full" in refused.json()["error"]["message"]
+    assert http.post("/abort_request", json={"abort_all": True}).status_code == 200
+    for t in threads:
+        t.join(30)
+    assert all(r.json()["meta_info"]["finish_reason"]["type"] == "abort" for r in results)
+    _ok(http)

@@ -1,0 +1,104 @@
+"""Process lifecycle: startup errors, a dying child, SIGTERM / Ctrl-C with requests in flight."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+
+from .helpers import BASE_ARGS, ServerProcess, descendants, free_port, greedy, pid_alive
+
+
+def _stream_in_background(server: ServerProcess) -> threading.Event:
+    """Start a long streaming request; the returned event is set once its first event arrived."""
+    started = threading.Event()
+
+    def run() -> None:
+        try:
+            with server.client(timeout=60) as c:
+                body = {"text": "Lily", "stream": True, "sampling_params": greedy(1800, ignore_eos=True)}
+                with c.stream("POST", "/generate", json=body) as resp:
+                    for _ in resp.iter_lines():
+                        started.set()
+        except httpx.HTTPError:
+            pass  # the server went away under us, as intended
+
+    threading.Thread(target=run, daemon=True).start()
+    return started
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_signal_stops_everything_quickly_with_a_stream_open(launch, stories_path, sig):
+    server = launch(["--model-path", stories_path, *BASE_ARGS])
+    children = descendants(server.proc.pid)
+    assert len(children) >= 2  # scheduler + detokenizer (+ multiprocessing's resource tracker)
+    assert _stream_in_background(server).wait(60)
+    start = time.monotonic()
+    server.proc.send_signal(sig)
+    assert server.wait_exit(15) == 0, server.log()[-3000:]
+    assert time.monotonic() - start < 8.0
+    deadline = time.monotonic() + 3
+    while any(pid_alive(p) for p in children) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [p for p in children if pid_alive(p)]
+
+
+def test_killed_scheduler_makes_the_server_exit_nonzero(launch, stories_path):
+    server = launch(["--model-path", stories_path, *BASE_ARGS])
+    assert _stream_in_background(server).wait(60)
+    scheduler = server.child_pid("scheduler")
+    os.kill(scheduler, signal.SIGKILL)
+    rc = server.wait_exit(15)
+    assert rc != 0
+    log = server.log()
+    assert "the scheduler process died (exit code -9)" in log, log[-3000:]
+    deadline = time.monotonic() + 3
+    while any(pid_alive(p) for p in server.known_children) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [p for p in server.known_children if pid_alive(p)]
+
+
+def test_scheduler_error_during_startup_exits_nonzero_with_its_traceback(stories_path):
+    port = free_port()
+    proc = subprocess.run(
+        [sys.executable, "-m", "radixlm.srt.launch_server", "--model-path", stories_path, "--port", str(port),
+         "--device", "cpu", "--attention-backend", "flashinfer", *BASE_ARGS],
+        capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    assert "scheduler process failed to start" in proc.stderr
+    assert "the flashinfer attention backend needs --device cuda" in proc.stderr
+
+
+def test_bad_model_path_and_bad_flags_fail_fast():
+    bad_path = subprocess.run([sys.executable, "-m", "radixlm.srt.launch_server", "--model-path", "/nonexistent/model",
+                               "--port", str(free_port())], capture_output=True, text=True, timeout=60)
+    assert bad_path.returncode == 1 and "/nonexistent/model does not exist" in bad_path.stderr
+    bad_flag = subprocess.run([sys.executable, "-m", "radixlm.srt.launch_server", "--no-such-flag"],
+                              capture_output=True, text=True, timeout=60)
+    assert bad_flag.returncode == 2 and "--no-such-flag" in bad_flag.stderr
+    bad_value = subprocess.run([sys.executable, "-m", "radixlm.srt.launch_server", "--page-size", "3"],
+                               capture_output=True, text=True, timeout=60)
+    assert bad_value.returncode == 2 and "--page-size must be a power of two" in bad_value.stderr
+
+
+def test_children_exit_when_the_launcher_is_killed(launch, stories_path):
+    server = launch(["--model-path", stories_path, *BASE_ARGS])
+    children = [server.child_pid("scheduler"), server.child_pid("detokenizer")]
+    assert _stream_in_background(server).wait(60)  # the scheduler is busy decoding
+    server.proc.send_signal(signal.SIGKILL)
+    server.proc.wait(10)
+    deadline = time.monotonic() + 5
+    while any(pid_alive(p) for p in children) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [p for p in children if pid_alive(p)], "children outlived a SIGKILLed launcher"
+    ipc_dir = server.log().split("IPC sockets in ", 1)[1].split()[0]
+    deadline = time.monotonic() + 3  # the scheduler removes it on its way out
+    while os.path.exists(ipc_dir) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not os.path.exists(ipc_dir)
