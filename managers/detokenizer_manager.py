@@ -349,8 +349,12 @@ def run_detokenizer_process(
             except OSError:
                 pass  # parent already gone; the log has the error
         _close(sockets, ctx)
-        sys.exit(1)
+        logging.shutdown()
+        os._exit(1)
     _close(sockets, ctx)
+    # Skip interpreter teardown (torch's is slow): shutdown then takes ~0.1 s instead of ~0.8 s.
+    logging.shutdown()
+    os._exit(0)
 
 
 def _serve(manager: DetokenizerManager, receiver: Any, sender: Any, stopping: list[int],

@@ -55,10 +55,13 @@ class TokenizedGenerateReq(msgspec.Struct, tag=True, kw_only=True):
 
 
 class AbortReq(msgspec.Struct, tag=True, kw_only=True):
-    """Abort requests whose rid starts with ``rid`` (SGLang's prefix semantics), or all of them."""
+    """Abort requests whose rid starts with ``rid`` (SGLang's prefix semantics for /abort_request),
+    exactly ``rid`` when ``exact`` (a disconnected client must not abort ``req10`` for ``req1``),
+    or all of them."""
 
     rid: str = ""
     abort_all: bool = False
+    exact: bool = False
     message: str = "Aborted by request"
 
 

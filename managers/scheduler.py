@@ -125,7 +125,7 @@ class Scheduler:
         if isinstance(msg, TokenizedGenerateReq):
             self.add_request(msg)
         elif isinstance(msg, AbortReq):
-            self.abort(msg.rid, msg.abort_all, msg.message)
+            self.abort(msg.rid, msg.abort_all, msg.message, msg.exact)
         elif isinstance(msg, FlushCacheReq):
             return self.flush_cache()
         elif isinstance(msg, GetInternalStateReq):
@@ -209,11 +209,11 @@ class Scheduler:
                     f"({self.kv.total_tokens} tokens)")
         return None
 
-    def abort(self, rid: str, abort_all: bool = False, message: str = "Aborted by request") -> None:
-        """Abort requests whose rid starts with ``rid`` (or all). Waiting ones end at once; running
-        ones end at the start of the next step, after their KV is cached."""
+    def abort(self, rid: str, abort_all: bool = False, message: str = "Aborted by request", exact: bool = False) -> None:
+        """Abort requests whose rid starts with ``rid`` (equals it if ``exact``; or all). Waiting ones
+        end at once; running ones end at the start of the next step, after their KV is cached."""
         def match(r: Req) -> bool:
-            return abort_all or r.rid.startswith(rid)
+            return abort_all or (r.rid == rid if exact else r.rid.startswith(rid))
 
         gone = [r for r in self.waiting + self.grammar_queue if match(r)]
         if gone:

@@ -259,7 +259,7 @@ class TokenizerManager:
         for s in states:
             if not s.acc.finished and s.error is None and self.dead is None:
                 logger.info("aborting request %s (client gone or request cancelled)", s.msg.rid)
-                self._to_scheduler.send(AbortReq(rid=s.msg.rid, message="client disconnected"))
+                self._to_scheduler.send(AbortReq(rid=s.msg.rid, exact=True, message="client disconnected"))
 
     def check_admission(self, prep: PreparedRequest) -> None:
         """Raises RequestError(503) when the scheduler is gone or the queue is full."""
