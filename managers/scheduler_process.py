@@ -37,12 +37,14 @@ def configure_child_logging(level: str) -> None:
                         force=True)
 
 
-def run_scheduler_process(server_args: "ServerArgs", paths: "IpcPaths", ready_pipe: Optional["Connection"]) -> None:
-    """Process entry (``multiprocessing`` spawn target).
+def run_scheduler_process(server_args: "ServerArgs", paths: "IpcPaths", tp_rank: int,
+                          ready_pipe: Optional["Connection"]) -> None:
+    """Process entry (``multiprocessing`` spawn target), one per tensor-parallel rank.
 
     Args:
         server_args: with ``model_path`` already resolved to a local folder by the launcher.
         paths: the launch's ``IpcPaths``.
+        tp_rank: this process's rank; rank 0 owns the sockets and broadcasts what it receives.
         ready_pipe: receives the str ``"ready"`` once the model is loaded and the sockets are up, or
             ``"error: <traceback>"`` if the process fails (before or after ready).
 
@@ -53,17 +55,24 @@ def run_scheduler_process(server_args: "ServerArgs", paths: "IpcPaths", ready_pi
 
     configure_child_logging(server_args.log_level)
     stopping: list[int] = []
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda signum, frame: stopping.append(signum))
+    if tp_rank == 0:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda signum, frame: stopping.append(signum))
+    else:
+        # Other ranks may be blocked in a broadcast from rank 0 and hold nothing to clean up:
+        # let SIGTERM end them at once; Ctrl-C is the launcher's to handle.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     parent_pid = os.getppid()
     ctx = zmq.Context()
     sockets: list[Any] = []
     try:
-        scheduler, receiver, reply = _build(server_args, paths, ctx, sockets)
+        scheduler, receiver, reply, tp = _build(server_args, paths, ctx, sockets, tp_rank)
         if ready_pipe is not None:
             ready_pipe.send("ready")
-        logger.info("scheduler ready: max_total_num_tokens=%d", scheduler.kv.total_tokens)
-        if not _serve(scheduler, receiver, reply, stopping, parent_pid):
+        logger.info("scheduler rank %d ready: max_total_num_tokens=%d", tp_rank, scheduler.kv.total_tokens)
+        if tp.size > 1:
+            _serve_tp(scheduler, receiver, reply, tp, stopping, parent_pid)
+        elif not _serve(scheduler, receiver, reply, stopping, parent_pid):
             paths.remove()  # the launcher was killed and cannot clean up its IPC directory
     except Exception:
         tb = traceback.format_exc()
@@ -88,25 +97,74 @@ def _exit_now(code: int) -> None:
     os._exit(code)
 
 
-def _build(args: "ServerArgs", paths: "IpcPaths", ctx: Any, sockets: list[Any]) -> tuple["Scheduler", Any, Any]:
-    """Sockets first (so the TokenizerManager can queue requests while the model loads), then the model."""
+def _build(args: "ServerArgs", paths: "IpcPaths", ctx: Any, sockets: list[Any], tp_rank: int
+           ) -> tuple["Scheduler", Any, Any, Any]:
+    """Sockets first (so the TokenizerManager can queue requests while the model loads), then the
+    model. Only rank 0 has sockets; the others get rank 0's messages by broadcast."""
+    import os.path
+
+    import torch
+
     from radixlm.managers.ipc import PullReceiver, PushSender
-    from radixlm.managers.scheduler import Scheduler
+    from radixlm.managers.scheduler import Scheduler, create_scheduler_grammar_backend
     from radixlm.managers.tp_worker import TpModelWorker
+    from radixlm.srt.distributed import init_tp_group
     from radixlm.srt.model_config import ModelConfig
     from radixlm.srt.model_loader import load_tokenizer
+    from radixlm.srt.model_runner import resolve_device
 
-    receiver = PullReceiver(ctx, paths.scheduler_input, bind=True)
-    sockets.append(receiver)
-    to_detokenizer = PushSender(ctx, paths.detokenizer_input, bind=False)
-    sockets.append(to_detokenizer)
-    reply = PushSender(ctx, paths.scheduler_rpc, bind=False)
-    sockets.append(reply)
+    receiver = reply = None
+    send_output: Any = lambda out: None  # noqa: E731  (ranks > 0 emit nothing)
+    if tp_rank == 0:
+        receiver = PullReceiver(ctx, paths.scheduler_input, bind=True)
+        sockets.append(receiver)
+        to_detokenizer = PushSender(ctx, paths.detokenizer_input, bind=False)
+        sockets.append(to_detokenizer)
+        reply = PushSender(ctx, paths.scheduler_rpc, bind=False)
+        sockets.append(reply)
+        send_output = to_detokenizer.send
+    device = resolve_device(args.device)
+    if args.tp_size > 1 and device.type == "cpu":
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // args.tp_size))
+    tp = init_tp_group(tp_rank, args.tp_size, os.path.join(paths.root, "tp_rendezvous"), device)
     model_config = ModelConfig.from_path(args.model_path, dtype=args.dtype, context_length=args.context_length,
                                          device=args.device, cache_dir=args.cache_dir)
     tokenizer = load_tokenizer(model_config.model_path, args.tokenizer_path, cache_dir=args.cache_dir)
-    worker = TpModelWorker(model_config, args)
-    return Scheduler(args, worker, tokenizer, to_detokenizer.send), receiver, reply
+    worker = TpModelWorker(model_config, args, tp)
+    grammar = create_scheduler_grammar_backend(args, tokenizer, model_config)
+    return Scheduler(args, worker, tokenizer, send_output, grammar), receiver, reply, tp
+
+
+def _serve_tp(scheduler: "Scheduler", receiver: Any, reply: Any, tp: Any, stopping: list[int], parent_pid: int) -> None:
+    """Lockstep loop of a TP group: each iteration rank 0 gathers its messages (waiting briefly when
+    idle) and broadcasts them; every rank handles the same messages and runs the same step, so all
+    ranks make identical scheduling decisions and meet in the model's collectives."""
+    from radixlm.managers.io_struct import AbortReq
+    from radixlm.srt.distributed import broadcast_messages
+
+    leak_checked = True
+    while True:
+        msgs = None
+        if tp.rank == 0:
+            if stopping or os.getppid() != parent_pid:
+                msgs = [AbortReq(abort_all=True, message="server shutting down")]
+            else:
+                msgs = receiver.recv_all_nowait()
+                if not msgs and scheduler.is_idle():
+                    msg = receiver.recv(timeout_ms=_IDLE_POLL_MS)
+                    msgs = [msg] if msg is not None else []
+        for msg in broadcast_messages(tp, msgs):
+            out = scheduler.handle_message(msg)
+            if out is not None and reply is not None:
+                reply.send(out)
+        if tp.rank == 0 and (stopping or os.getppid() != parent_pid):
+            return  # the other ranks are ended by the launcher (or die with the broken group)
+        if not scheduler.is_idle():
+            leak_checked = False
+            scheduler.step()
+        elif not leak_checked:
+            scheduler.step()
+            leak_checked = True
 
 
 def _serve(scheduler: "Scheduler", receiver: Any, reply: Any, stopping: list[int], parent_pid: int) -> bool:

@@ -122,8 +122,10 @@ def _start_children(args: ServerArgs, resolved: str, paths: Any) -> list[_Child]
 
     ctx = multiprocessing.get_context("spawn")
     child_args = dataclasses.replace(args, model_path=resolved)
-    specs = [("detokenizer", run_detokenizer_process, (args.tokenizer_path or resolved, paths)),
-             ("scheduler", run_scheduler_process, (child_args, paths))]
+    specs = [("detokenizer", run_detokenizer_process, (args.tokenizer_path or resolved, paths))]
+    # One scheduler per tensor-parallel rank; rank 0 owns the sockets (DESIGN.md section 2).
+    specs += [("scheduler" if rank == 0 else f"scheduler-tp{rank}", run_scheduler_process, (child_args, paths, rank))
+              for rank in range(args.tp_size)]
     children = []
     for name, target, target_args in specs:
         reader, writer = ctx.Pipe(duplex=False)
