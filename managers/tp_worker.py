@@ -11,7 +11,8 @@ from typing import Optional
 
 import torch
 
-from radixlm.kernels.sampling import SamplingBatchInfo, apply_logits_processors, sample
+from radixlm.kernels.gpu_sampling import sample
+from radixlm.kernels.sampling import SamplingBatchInfo, apply_logits_processors
 from radixlm.srt.forward_batch import ModelWorkerBatch
 from radixlm.srt.layers.parallel_state import TpGroup
 from radixlm.srt.model_config import ModelConfig

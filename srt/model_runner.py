@@ -59,9 +59,12 @@ class ModelRunner:
         attn = self.model.layers[0].self_attn
         self.num_kv_heads = attn.num_kv_heads
         self.attn_backend = create_attention_backend(
-            server_args.attention_backend, str(self.device), num_heads=attn.num_heads,
+            server_args.attention_backend, str(self.device), dtype=self.dtype, num_heads=attn.num_heads,
             num_kv_heads=attn.num_kv_heads, head_dim=attn.head_dim, scaling=attn.head_dim ** -0.5)
         self._init_memory_pool()
+        from radixlm.srt.cuda_graph_runner import CudaGraphRunner
+
+        self.cuda_graph_runner = CudaGraphRunner.maybe_create(self)  # None on CPU or --disable-cuda-graph
 
     def _init_memory_pool(self) -> None:
         args, mc = self.server_args, self.model_config
@@ -91,6 +94,8 @@ class ModelRunner:
 
     def forward(self, batch: ModelWorkerBatch) -> torch.Tensor:
         """Run the model; returns logits (R, vocab) float32 for the rows chosen by the batch."""
+        if self.cuda_graph_runner is not None and self.cuda_graph_runner.can_run(batch):
+            return self.cuda_graph_runner.replay(batch)
         fb = ForwardBatch.init_new(batch, self.req_to_token_pool, self.kv_pool, self.attn_backend, self.device)
         return self.model(fb.input_ids, fb.positions, fb)
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 
-def create_attention_backend(name: str, device: str, **kwargs: Any):
-    """Return an ``AttentionBackend``. ``auto`` picks flashinfer on CUDA when installed, else torch_native.
+def create_attention_backend(name: str, device: str, dtype: Any = None, **kwargs: Any):
+    """Return an ``AttentionBackend``. ``auto`` picks flashinfer on CUDA when it is installed and
+    supports the head size and dtype, else torch_native.
 
     Raises:
         ValueError: an unknown name, or flashinfer asked for where it cannot run.
@@ -17,7 +18,10 @@ def create_attention_backend(name: str, device: str, **kwargs: Any):
             try:
                 import flashinfer  # noqa: F401
 
-                name = "flashinfer"
+                from radixlm.kernels.attention.flashinfer_backend import flashinfer_supports
+
+                if flashinfer_supports(kwargs["head_dim"], dtype):
+                    name = "flashinfer"
             except ImportError:
                 pass
     if name == "torch_native":
