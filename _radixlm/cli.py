@@ -2,7 +2,7 @@
 
 ``radixlm serve [server flags]`` runs the HTTP server (same flags as
 ``python -m radixlm.srt.launch_server``; with no ``--model-path`` it serves the SmolLM2 demo model).
-``radixlm bench ...`` is reserved for the benchmark client (not yet implemented).
+``radixlm bench serving [flags]`` runs ``benchmarks/bench_serving.py`` (a source checkout's, loaded by path).
 Kept import-light: nothing heavy is imported until a subcommand runs.
 """
 
@@ -15,7 +15,7 @@ _USAGE = """usage: radixlm <command> [args]
 
 commands:
   serve   start the HTTP server (radixlm serve --help for its flags)
-  bench   benchmark a running server (not yet implemented)
+  bench   benchmark running servers: radixlm bench serving --help
 """
 
 
@@ -31,10 +31,25 @@ def main(argv: Optional[list[str]] = None) -> int:
 
         return serve_main(rest, prog="radixlm serve")
     if command == "bench":
-        print("radixlm bench: not yet implemented", file=sys.stderr)
-        return 2
+        return _bench(rest)
     print(f"radixlm: unknown command {command!r}\n\n{_USAGE}", file=sys.stderr, end="")
     return 2
+
+
+def _bench(args: list[str]) -> int:
+    """``radixlm bench serving ...`` -> ``benchmarks/bench_serving.py``'s ``main`` (not a package)."""
+    import importlib.util
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_serving.py"
+    if args[:1] != ["serving"] or not script.exists():
+        print("usage: radixlm bench serving [flags] (needs a source checkout with benchmarks/)", file=sys.stderr)
+        return 2
+    spec = importlib.util.spec_from_file_location("_radixlm_bench_serving", script)
+    module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # dataclasses need it there
+    spec.loader.exec_module(module)
+    module.main(args[1:])
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,448 @@
+"""Online serving benchmark: an asyncio load generator against one or more running servers.
+
+Backends: ``radixlm`` / ``sglang`` (native ``POST /generate``, SSE stream of cumulative events with
+``meta_info.cached_tokens``), ``openai`` (``/v1/completions``) and ``openai-chat``
+(``/v1/chat/completions``) for vLLM, llama.cpp's ``llama-server``, ``transformers serve`` or
+radixlm's own ``/v1``. Every request streams, so TTFT and inter-token latencies are real.
+
+    python benchmarks/bench_serving.py --backend radixlm --base-url http://127.0.0.1:30000 \\
+        --tokenizer stories260k --dataset-name generated-shared-prefix --max-concurrency 8
+    # side by side (same prompts, in turn; ratios vs the first target):
+    python benchmarks/bench_serving.py --tokenizer smollm2 \\
+        --base-url radixlm=http://127.0.0.1:30000 --backend radixlm \\
+        --base-url vllm=http://127.0.0.1:8000 --backend openai
+
+``--backend`` / ``--model`` are given once (all targets) or once per ``--base-url``. Arrivals:
+``--request-rate R`` (Poisson, requests/s; ``inf`` = all at once), optionally capped by
+``--max-concurrency``. Metrics (see ``compute_metrics``): request / input / output token throughput,
+TTFT, TPOT (per request: (latency - TTFT) / (output tokens - 1)), ITL (gaps between streamed chunks),
+end-to-end latency (mean, p50, p99, ms), cache hit rate = cached prompt tokens / prompt tokens (from
+``meta_info.cached_tokens``, ``usage.prompt_tokens_details.cached_tokens`` or llama-server's
+``timings.cache_n``; null if the server reports none), successes and failures. One JSON per run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import json
+import math
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import httpx
+import numpy as np
+
+
+def _load_sibling(name: str) -> Any:
+    """Import ``benchmarks/<name>.py`` by path under a private name (``datasets`` / ``common`` would
+    clash with other top-level modules)."""
+    mod_name = f"_radixlm_bench_{name}"
+    if mod_name in sys.modules:
+        return sys.modules[mod_name]
+    spec = importlib.util.spec_from_file_location(mod_name, Path(__file__).with_name(f"{name}.py"))
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[mod_name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+ds = _load_sibling("datasets")
+common = _load_sibling("common")
+BenchRequest = ds.BenchRequest
+NATIVE = ("radixlm", "sglang")
+BACKENDS = (*NATIVE, "openai", "openai-chat")
+
+
+@dataclass
+class Target:
+    label: str
+    url: str
+    backend: str
+    model: Optional[str] = None
+
+
+@dataclass
+class RequestOutput:
+    """What one streamed request measured (times in seconds)."""
+
+    success: bool = False
+    error: str = ""
+    prompt_len: int = 0
+    output_len: int = 0
+    cached_tokens: Optional[int] = None
+    ttft: float = 0.0
+    latency: float = 0.0
+    itl: list[float] = field(default_factory=list)
+    text: str = ""
+
+
+# ---------------------------------------------------------------- request functions
+
+def _native_payload(req: BenchRequest, prompt: str, args: argparse.Namespace) -> dict:
+    sp = {"temperature": args.temperature, "max_new_tokens": req.output_len, "ignore_eos": req.ignore_eos}
+    if req.json_schema is not None:
+        sp["json_schema"] = json.dumps(req.json_schema)
+    return {"text": prompt, "sampling_params": sp, "stream": True}
+
+
+def _openai_payload(target: Target, req: BenchRequest, prompt: Any, args: argparse.Namespace) -> dict:
+    body = {"model": target.model, "max_tokens": req.output_len, "temperature": args.temperature,
+            "stream": True, "stream_options": {"include_usage": True}}
+    if req.ignore_eos:
+        body["ignore_eos"] = True  # vLLM, llama-server and SGLang accept it as an extra field
+    field = args.json_schema_field
+    if field == "auto":  # SGLang / radixlm / llama-server: completions take json_schema, chat response_format
+        field = "response_format" if target.backend == "openai-chat" else "json_schema"
+    if req.json_schema is not None and field == "json_schema":
+        body["json_schema"] = req.json_schema
+    elif req.json_schema is not None:
+        body["response_format"] = {"type": "json_schema", "json_schema": {"name": "answer", "schema": req.json_schema}}
+    body["messages" if target.backend == "openai-chat" else "prompt"] = prompt
+    return body
+
+
+async def _sse(resp: httpx.Response):
+    """Decoded ``data:`` payloads of an SSE response (``[DONE]`` ends it)."""
+    async for line in resp.aiter_lines():
+        if not line.startswith("data:"):
+            continue
+        data = line[5:].strip()
+        if data == "[DONE]":
+            return
+        yield json.loads(data)
+
+
+async def send_request(client: httpx.AsyncClient, target: Target, req: BenchRequest, prompt: Any,
+                       args: argparse.Namespace, tokenizer: Any) -> RequestOutput:
+    """Send one streaming request; ``prompt`` is text (native / completions) or chat messages."""
+    out = RequestOutput(prompt_len=req.prompt_len)
+    native = target.backend in NATIVE
+    if native:
+        path, body = "/generate", _native_payload(req, prompt, args)
+    else:
+        path = "/v1/chat/completions" if target.backend == "openai-chat" else "/v1/completions"
+        body = _openai_payload(target, req, prompt, args)
+    start = last = time.perf_counter()
+    n_out, usage, timings = 0, None, None
+    try:
+        async with client.stream("POST", target.url + path, json=body) as resp:
+            if resp.status_code != 200:
+                out.error = f"HTTP {resp.status_code}: {(await resp.aread())[:300]!r}"
+                return out
+            async for ev in _sse(resp):
+                if "error" in ev and ev["error"]:
+                    out.error = str(ev["error"])[:300]
+                    return out
+                now = time.perf_counter()
+                if native:
+                    meta = ev.get("meta_info", {})
+                    new_n = meta.get("completion_tokens", n_out)
+                    grew = new_n > n_out or len(ev.get("text", "")) > len(out.text)
+                    n_out, out.text = new_n, ev.get("text", out.text)
+                    out.prompt_len = meta.get("prompt_tokens", out.prompt_len)
+                    out.cached_tokens = meta.get("cached_tokens", out.cached_tokens)
+                else:
+                    usage = ev.get("usage") or usage
+                    timings = ev.get("timings") or timings
+                    c = (ev.get("choices") or [{}])[0]  # the usage-only last chunk has no choices
+                    delta = ((c.get("delta") or {}).get("content") if "delta" in c else c.get("text")) or ""
+                    grew = bool(delta)
+                    out.text += delta
+                if grew:
+                    if out.ttft == 0.0:
+                        out.ttft = now - start
+                    else:
+                        out.itl.append(now - last)
+                    last = now
+        out.latency = time.perf_counter() - start
+    except (httpx.HTTPError, json.JSONDecodeError) as e:
+        out.error = f"{type(e).__name__}: {e}"[:300]
+        return out
+    if not native:
+        if usage:
+            n_out = usage.get("completion_tokens") or 0
+            out.prompt_len = usage.get("prompt_tokens") or out.prompt_len
+            details = usage.get("prompt_tokens_details") or {}
+            out.cached_tokens = details.get("cached_tokens")
+        else:
+            n_out = len(tokenizer.encode(out.text, add_special_tokens=False))
+        if out.cached_tokens is None and timings and "cache_n" in timings:
+            out.cached_tokens = timings["cache_n"]  # llama-server
+    out.output_len = n_out
+    out.success = n_out > 0 and out.ttft > 0
+    if not out.success:
+        out.error = "no output tokens"
+    return out
+
+
+# ---------------------------------------------------------------- metrics
+
+def _stats(values: list[float], scale: float = 1000.0) -> dict[str, Optional[float]]:
+    """mean / median / p99 (numpy's linear interpolation) of ``values`` × ``scale``; None if empty."""
+    if not values:
+        return {"mean": None, "median": None, "p99": None}
+    a = np.asarray(values, dtype=float) * scale
+    return {"mean": float(a.mean()), "median": float(np.median(a)), "p99": float(np.percentile(a, 99))}
+
+
+def compute_metrics(outputs: list[RequestOutput], duration_s: float) -> dict[str, Any]:
+    """Aggregate metrics of one run. Latencies in ms; throughputs per second of ``duration_s``.
+    TPOT only counts requests with > 1 output token; the cache hit rate only requests that reported
+    ``cached_tokens`` (None when none did)."""
+    ok = [o for o in outputs if o.success]
+    n_in, n_out = sum(o.prompt_len for o in ok), sum(o.output_len for o in ok)
+    tpots = [(o.latency - o.ttft) / (o.output_len - 1) for o in ok if o.output_len > 1]
+    reported = [o for o in ok if o.cached_tokens is not None]
+    hit = (sum(o.cached_tokens for o in reported) / max(1, sum(o.prompt_len for o in reported))) if reported else None
+    m: dict[str, Any] = {
+        "completed": len(ok), "failed": len(outputs) - len(ok), "duration_s": duration_s,
+        "total_input_tokens": n_in, "total_output_tokens": n_out,
+        "request_throughput": len(ok) / duration_s if duration_s > 0 else 0.0,
+        "input_throughput": n_in / duration_s if duration_s > 0 else 0.0,
+        "output_throughput": n_out / duration_s if duration_s > 0 else 0.0,
+        "cache_hit_rate": hit,
+        "concurrency": sum(o.latency for o in ok) / duration_s if duration_s > 0 else 0.0,
+    }
+    for name, vals in (("ttft_ms", [o.ttft for o in ok]), ("tpot_ms", tpots),
+                       ("itl_ms", [x for o in ok for x in o.itl]), ("e2e_latency_ms", [o.latency for o in ok])):
+        for k, v in _stats(vals).items():
+            m[f"{k}_{name}"] = v
+    return m
+
+
+# ---------------------------------------------------------------- load generation
+
+async def _arrivals(n: int, rate: float, rng: random.Random):
+    """Yield ``0..n-1`` with exponential gaps of mean ``1/rate`` (Poisson); no wait if rate is inf."""
+    for i in range(n):
+        yield i
+        if i < n - 1 and math.isfinite(rate):
+            await asyncio.sleep(rng.expovariate(rate))
+
+
+async def run_conversation(client, target: Target, turns: list[BenchRequest], args, tokenizer, limit,
+                           on_done) -> list[RequestOutput]:
+    """The turns of one multi-turn conversation in order; each resends the full history with the
+    replies actually generated (text for native / completions, messages for chat)."""
+    history, messages, outs = "", [], []
+    for req in turns:
+        prompt_text = req.user if not history else history + " " + req.user
+        messages.append({"role": "user", "content": req.user})
+        prompt = list(messages) if target.backend == "openai-chat" else prompt_text
+        req_now = BenchRequest(**{**asdict(req), "prompt": prompt_text,
+                                  "prompt_len": len(tokenizer.encode(prompt_text, add_special_tokens=False))})
+        async with limit:
+            o = await send_request(client, target, req_now, prompt, args, tokenizer)
+        outs.append(o)
+        on_done()
+        if not o.success:  # the history is broken; the rest of this conversation fails too
+            for _ in turns[len(outs):]:
+                outs.append(RequestOutput(error="earlier turn failed"))
+                on_done()
+            break
+        history = prompt_text + o.text
+        messages.append({"role": "assistant", "content": o.text})
+    return outs
+
+
+def _prompt_for(target: Target, req: BenchRequest) -> Any:
+    if target.backend != "openai-chat":
+        return req.prompt
+    msgs = [{"role": "system", "content": req.system}] if req.system else []
+    return msgs + [{"role": "user", "content": req.user or req.prompt}]
+
+
+async def _prepare(client: httpx.AsyncClient, target: Target, requests: list[BenchRequest], args, tokenizer) -> None:
+    """Fill in the served model name (OpenAI), warm up with one short request, flush the prefix cache
+    (``POST /flush_cache``, where the server has it) so hits come from the workload itself."""
+    if target.backend not in NATIVE and not target.model:
+        r = await client.get(target.url + "/v1/models")
+        target.model = r.json()["data"][0]["id"]
+    if not args.no_warmup:
+        warm = BenchRequest(**{**asdict(requests[0]), "output_len": 4, "json_schema": None})
+        o = await send_request(client, target, warm, _prompt_for(target, warm), args, tokenizer)
+        if not o.success:
+            raise RuntimeError(f"{target.label}: warm-up request failed: {o.error}")
+    if not args.no_flush_cache:  # radixlm / SGLang (either API); other servers answer 404: ignored
+        await client.post(target.url + "/flush_cache")
+
+
+async def benchmark(target: Target, requests: list[BenchRequest], args, tokenizer) -> dict[str, Any]:
+    """Run the whole workload against one target; returns its metrics and per-request records."""
+    from tqdm.asyncio import tqdm
+
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(args.timeout), limits=limits, headers=headers) as client:
+        await _prepare(client, target, requests, args, tokenizer)
+        limit = asyncio.Semaphore(args.max_concurrency or 10 ** 9)
+        bar = tqdm(total=len(requests), desc=target.label, disable=args.disable_tqdm, leave=False)
+        convs: dict[int, list[BenchRequest]] = {}
+        for r in requests:
+            convs.setdefault(r.conversation if r.conversation is not None else -id(r), []).append(r)
+        units = list(convs.values())  # a conversation, or one single request
+
+        async def one(unit: list[BenchRequest]) -> list[RequestOutput]:
+            if unit[0].conversation is not None:
+                return await run_conversation(client, target, unit, args, tokenizer, limit, lambda: bar.update(1))
+            async with limit:
+                o = await send_request(client, target, unit[0], _prompt_for(target, unit[0]), args, tokenizer)
+            bar.update(1)
+            return [o]
+
+        tasks = []
+        t0 = time.perf_counter()
+        async for i in _arrivals(len(units), args.request_rate, random.Random(args.seed)):
+            tasks.append(asyncio.create_task(one(units[i])))
+        results = await asyncio.gather(*tasks)
+        duration = time.perf_counter() - t0
+        bar.close()
+    outputs = [o for group in results for o in group]
+    metrics = compute_metrics(outputs, duration)
+    if args.dataset_name == "json-schema":  # share of outputs that parse as a JSON object
+        metrics["json_valid_rate"] = sum(_valid_json(o.text) for o in outputs if o.success) / max(1, len(outputs))
+    errors = sorted({o.error for o in outputs if not o.success})
+    return {"label": target.label, "backend": target.backend, "base_url": target.url, "model": target.model,
+            "metrics": metrics, "errors": errors[:10],
+            "requests": [{"success": o.success, "prompt_len": o.prompt_len, "output_len": o.output_len,
+                          "cached_tokens": o.cached_tokens, "ttft": o.ttft, "latency": o.latency}
+                         for o in outputs]}
+
+
+def _valid_json(text: str) -> bool:
+    try:
+        return isinstance(json.loads(text), dict)
+    except ValueError:
+        return False
+
+
+# ---------------------------------------------------------------- CLI, report
+
+ROWS = ["completed", "failed", "duration_s", "request_throughput", "input_throughput", "output_throughput",
+        "cache_hit_rate", *[f"{s}_{n}_ms" for n in ("ttft", "tpot", "itl", "e2e_latency") for s in ("mean", "median", "p99")],
+        "concurrency", "json_valid_rate"]
+
+
+def report(results: list[dict]) -> list[dict]:
+    """Print one table: a row per metric, a column per target, then ``<label>/<first>`` ratios."""
+    base = results[0]
+    rows = []
+    for key in ROWS:
+        if all(key not in r["metrics"] for r in results):
+            continue
+        row = {"metric": key}
+        for r in results:
+            row[r["label"]] = r["metrics"].get(key)
+        for r in results[1:]:
+            a, b = r["metrics"].get(key), base["metrics"].get(key)
+            row[f"{r['label']}/{base['label']}"] = a / b if isinstance(a, (int, float)) and b else None
+        rows.append(row)
+    cols = ["metric", *[r["label"] for r in results], *[f"{r['label']}/{base['label']}" for r in results[1:]]]
+    common.print_table(rows, cols)
+    return rows
+
+
+def parse_targets(args: argparse.Namespace) -> list[Target]:
+    urls = args.base_url or ["http://127.0.0.1:30000"]
+    n = len(urls)
+    for name in ("backend", "model"):
+        vals = getattr(args, name) or []
+        if len(vals) not in (0, 1, n):
+            raise SystemExit(f"--{name} given {len(vals)} times; give it once or once per --base-url ({n})")
+    backends = args.backend or ["radixlm"]
+    models = args.model or [None]
+    targets = []
+    for i, spec in enumerate(urls):
+        label, _, url = spec.rpartition("=") if "=" in spec.split("://")[0] else ("", "", spec)
+        backend = backends[i if len(backends) == n else 0]
+        if backend not in BACKENDS:
+            raise SystemExit(f"unknown backend {backend!r}; one of {BACKENDS}")
+        targets.append(Target(label or f"{backend}{i if n > 1 else ''}", url.rstrip("/"), backend,
+                              models[i if len(models) == n else 0]))
+    return targets
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="bench_serving", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--base-url", action="append", help="[LABEL=]URL; repeat to compare servers")
+    ap.add_argument("--backend", action="append", help=f"one of {BACKENDS}; once, or once per --base-url")
+    ap.add_argument("--model", action="append", help="served model name for OpenAI backends (default: /v1/models)")
+    ap.add_argument("--tokenizer", help="tokenizer folder or stories260k / smollm2 (default: the model "
+                                        "folder a target reports)")
+    ap.add_argument("--request-rate", type=float, default=float("inf"), help="Poisson arrivals per s (inf: all at once)")
+    ap.add_argument("--max-concurrency", type=int, default=None)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--api-key", default=None)
+    ap.add_argument("--timeout", type=float, default=3600.0)
+    ap.add_argument("--no-warmup", action="store_true")
+    ap.add_argument("--no-flush-cache", action="store_true", help="skip POST /flush_cache after the warm-up")
+    ap.add_argument("--disable-tqdm", action="store_true")
+    ap.add_argument("--json-schema-field", choices=("auto", "json_schema", "response_format"), default="auto",
+                    help="OpenAI backends: how json-schema requests carry the schema (auto: json_schema for "
+                         "/v1/completions, response_format for chat; vLLM's completions want response_format)")
+    ap.add_argument("--output", default="bench_results/bench_serving.json")
+    ds.add_dataset_args(ap)
+    return ap
+
+
+def _tokenizer_source(args: argparse.Namespace, targets: list[Target]) -> str:
+    """``--tokenizer``, else the first local model folder a target reports (``/get_model_info``
+    ``model_path`` on radixlm / SGLang, ``/v1/models`` ``root`` on radixlm / vLLM)."""
+    if args.tokenizer:
+        return args.tokenizer
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    for t in targets:
+        for route, pick in (("/get_model_info", lambda d: d.get("model_path")),
+                            ("/v1/models", lambda d: d["data"][0].get("root"))):
+            try:
+                path = pick(httpx.get(t.url + route, timeout=10, headers=headers).json())
+            except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError, AttributeError):
+                continue
+            if path and Path(path).is_dir():
+                return path
+    raise SystemExit("--tokenizer is required (no target reports a local model folder)")
+
+
+def _run_target(target: Target, requests: list[BenchRequest], args, tokenizer) -> dict:
+    """``benchmark`` one target; an unreachable server or failed warm-up marks it skipped."""
+    try:
+        return asyncio.run(benchmark(target, requests, args, tokenizer))
+    except (httpx.HTTPError, RuntimeError, KeyError, ValueError) as e:
+        return {"label": target.label, "backend": target.backend, "base_url": target.url, "model": target.model,
+                "skipped": f"{type(e).__name__}: {e}"[:500], "metrics": {}, "errors": [], "requests": []}
+
+
+def main(argv: Optional[list[str]] = None) -> dict:
+    """Run the benchmark; returns the JSON payload it wrote."""
+    args = build_parser().parse_args(argv)
+    targets = parse_targets(args)
+    tokenizer = ds.load_tokenizer(_tokenizer_source(args, targets))
+    requests = ds.build_dataset(args, tokenizer)
+    dataset = ds.describe(args)
+    print(f"dataset {dataset}: {len(requests)} requests, request rate {args.request_rate}, "
+          f"max concurrency {args.max_concurrency}")
+    results = [_run_target(t, requests, args, tokenizer) for t in targets]
+    for r in results:
+        if r.get("skipped"):
+            print(f"{r['label']}: skipped: {r['skipped']}")
+        elif r["errors"]:
+            print(f"{r['label']}: {r['metrics']['failed']} failed, e.g. {r['errors'][0]}")
+    rows = report(results)
+    rate = args.request_rate if math.isfinite(args.request_rate) else "inf"  # strict JSON has no Infinity
+    payload = {"benchmark": "bench_serving", "dataset": dataset, "tokenizer": tokenizer.name_or_path,
+               "request_rate": rate, "max_concurrency": args.max_concurrency,
+               "targets": results, "table": rows, "args": {**vars(args), "request_rate": rate}}
+    common.write_json(args.output, payload)
+    return payload
+
+
+if __name__ == "__main__":
+    main()

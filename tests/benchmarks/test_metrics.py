@@ -1,0 +1,73 @@
+"""Metric math on synthetic timings, Poisson arrivals, target parsing and the ratio table."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+
+import pytest
+
+
+def _out(bench, ttft, latency, n_out, itl, prompt=10, cached=None):
+    return bench.RequestOutput(success=True, prompt_len=prompt, output_len=n_out, cached_tokens=cached,
+                               ttft=ttft, latency=latency, itl=list(itl))
+
+
+def test_compute_metrics(bench):
+    outs = [_out(bench, 0.1, 0.5, 5, [0.1] * 4, prompt=10, cached=0),
+            _out(bench, 0.3, 1.1, 9, [0.1] * 8, prompt=30, cached=20),
+            _out(bench, 0.2, 0.2, 1, [], prompt=20),  # 1 token: no TPOT; no cached_tokens reported
+            bench.RequestOutput(error="boom")]
+    m = bench.compute_metrics(outs, duration_s=2.0)
+    assert (m["completed"], m["failed"]) == (3, 1)
+    assert (m["total_input_tokens"], m["total_output_tokens"]) == (60, 15)
+    assert m["request_throughput"] == pytest.approx(1.5)
+    assert m["input_throughput"] == pytest.approx(30) and m["output_throughput"] == pytest.approx(7.5)
+    assert m["mean_ttft_ms"] == pytest.approx(200) and m["median_ttft_ms"] == pytest.approx(200)
+    assert m["p99_ttft_ms"] == pytest.approx(298.0)  # linear interpolation between 200 and 300
+    # TPOT = (latency - ttft) / (n - 1): 0.4 / 4 = 100 ms and 0.8 / 8 = 100 ms
+    assert m["mean_tpot_ms"] == pytest.approx(100) and m["p99_tpot_ms"] == pytest.approx(100)
+    assert m["mean_itl_ms"] == pytest.approx(100) and m["median_itl_ms"] == pytest.approx(100)
+    assert m["mean_e2e_latency_ms"] == pytest.approx(600)
+    assert m["cache_hit_rate"] == pytest.approx(20 / 40)  # only the requests that reported it
+    assert m["concurrency"] == pytest.approx(1.8 / 2.0)
+
+
+def test_percentiles_and_empty(bench):
+    s = bench._stats([i / 1000 for i in range(1, 101)])  # 1..100 ms
+    assert s["mean"] == pytest.approx(50.5) and s["median"] == pytest.approx(50.5)
+    assert s["p99"] == pytest.approx(99.01)
+    m = bench.compute_metrics([bench.RequestOutput(error="x")], 1.0)
+    assert m["completed"] == 0 and m["mean_ttft_ms"] is None and m["cache_hit_rate"] is None
+
+
+def test_poisson_arrivals_deterministic(bench):
+    async def times(rate, seed):
+        loop, t0, out = asyncio.get_running_loop(), None, []
+        t0 = loop.time()
+        async for _ in bench._arrivals(5, rate, random.Random(seed)):
+            out.append(loop.time() - t0)
+        return out
+
+    assert max(asyncio.run(times(math.inf, 0))) < 0.05  # all at once
+    gaps = [random.Random(0).expovariate(200.0)]
+    assert asyncio.run(times(200.0, 0))[1] >= gaps[0] * 0.9
+
+
+def test_parse_targets(bench):
+    ap = bench.build_parser()
+    t = bench.parse_targets(ap.parse_args(["--base-url", "a=http://h:1/", "--base-url", "http://h:2",
+                                           "--backend", "radixlm", "--backend", "openai"]))
+    assert [(x.label, x.url, x.backend) for x in t] == [("a", "http://h:1", "radixlm"), ("openai1", "http://h:2", "openai")]
+    with pytest.raises(SystemExit):
+        bench.parse_targets(ap.parse_args(["--base-url", "http://x", "--backend", "a", "--backend", "b"]))
+
+
+def test_report_ratios(bench, capsys):
+    rows = bench.report([{"label": "r", "metrics": {"output_throughput": 10.0, "cache_hit_rate": None}},
+                         {"label": "v", "metrics": {"output_throughput": 25.0, "cache_hit_rate": 0.5}}])
+    row = next(r for r in rows if r["metric"] == "output_throughput")
+    assert row["v/r"] == pytest.approx(2.5)
+    assert next(r for r in rows if r["metric"] == "cache_hit_rate")["v/r"] is None
+    assert "v/r" in capsys.readouterr().out
