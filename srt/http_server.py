@@ -9,9 +9,12 @@ in through those arguments (no module-level state). Routes:
 - ``GET /get_model_info`` = ``/model_info``; ``GET /get_server_info`` = ``/server_info``.
 - ``GET|POST /flush_cache`` (400 while requests run), ``POST /abort_request``, ``GET /metrics``.
 
-Every error is ``{"error": {"message": str}}`` with its HTTP status, built by ``error_response``
-(the one exception-to-response mapping): bad input 400, missing/wrong API key 401, overload or a
-dead scheduler 503.
+The OpenAI-compatible ``/v1/*`` routes come from ``radixlm.srt.openai_api.router``; their errors
+(also 401 and unknown ``/v1`` routes) are OpenAI-shaped, ``{"error": {"message", "type", "param",
+"code"}}``. Every other error is ``{"error": {"message": str}}`` with its HTTP status, built by
+``error_response`` (the one exception-to-response mapping): bad input 400, missing/wrong API key
+401, overload or a dead scheduler 503 (with ``Retry-After``), a body over ``MAX_REQUEST_BODY_BYTES``
+413 (``LimitsMiddleware``).
 """
 
 from __future__ import annotations
@@ -22,12 +25,16 @@ from typing import Any, Optional, Union
 
 import msgspec
 from fastapi import FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from radixlm.managers.tokenizer_manager import ClientDisconnected, GenerateRequest, RequestError, TokenizerManager
 from radixlm.managers.validation import InvalidRequestError
+from radixlm.srt.openai_api.protocol import openai_error_body
+from radixlm.srt.openai_api.router import create_openai_router
 
 logger = logging.getLogger(__name__)
 
@@ -193,9 +200,62 @@ class ApiKeyMiddleware:
             got = dict(scope.get("headers") or []).get(b"authorization", b"")
             if not hmac.compare_digest(got, self.expected):
                 message = "invalid or missing API key (Authorization: Bearer KEY)"
-                await json_response({"error": {"message": message}}, 401)(scope, receive, send)
+                body = (openai_error_body(message, 401, code="invalid_api_key") if scope["path"].startswith("/v1/")
+                        else {"error": {"message": message}})
+                await json_response(body, 401)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+MAX_REQUEST_BODY_BYTES = 32 << 20  # 413 beyond this (ServerArgs.max_request_body_bytes overrides, if set)
+RETRY_AFTER_S = "1"  # the Retry-After of every 503 (overload, scheduler gone): worth retrying soon
+
+
+class LimitsMiddleware:
+    """Pure ASGI: buffers the request body and answers 413 once it passes ``max_body`` bytes (by
+    Content-Length, or while reading a chunked body), so no handler ever holds a larger one; adds
+    ``Retry-After`` to every 503 response (native and ``/v1``)."""
+
+    def __init__(self, app: Any, max_body: int):
+        self.app = app
+        self.max_body = max_body
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_retry_after(message: dict) -> None:
+            if message["type"] == "http.response.start" and message["status"] == 503:
+                message = {**message, "headers": [*message.get("headers", []), (b"retry-after", RETRY_AFTER_S.encode())]}
+            await send(message)
+
+        length = dict(scope.get("headers") or []).get(b"content-length", b"")
+        too_big = length.isdigit() and int(length) > self.max_body
+        parts: list[bytes] = []
+        size, disconnected = 0, False
+        while not too_big:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                disconnected = True
+                break
+            parts.append(message.get("body", b""))
+            size += len(parts[-1])
+            too_big = size > self.max_body
+            if not message.get("more_body", False):
+                break
+        if too_big:
+            text = f"request body larger than {self.max_body} bytes"
+            body = openai_error_body(text, 413) if scope["path"].startswith("/v1/") else {"error": {"message": text}}
+            await json_response(body, 413)(scope, receive, send)
+            return
+        pending = [{"type": "http.disconnect"} if disconnected else
+                   {"type": "http.request", "body": b"".join(parts), "more_body": False}]
+
+        async def replay() -> dict:
+            return pending.pop() if pending else await receive()  # after the body: waits for the disconnect
+
+        await self.app(scope, replay, send_with_retry_after)
 
 
 # ---- app --------------------------------------------------------------------------------------------
@@ -204,7 +264,9 @@ def create_app(tm: TokenizerManager, server_args: Any, model_info: dict, metrics
     app = FastAPI(title="radixlm")
     for exc_type in (RequestValidationError, ValidationError, InvalidRequestError, RequestError, Exception):
         app.add_exception_handler(exc_type, lambda request, exc: error_response(exc))
-    if server_args.api_key:
+    app.add_exception_handler(StarletteHTTPException, _http_error)  # unknown /v1 routes: OpenAI-shaped 404
+    app.add_middleware(LimitsMiddleware, max_body=getattr(server_args, "max_request_body_bytes", None) or MAX_REQUEST_BODY_BYTES)
+    if server_args.api_key:  # outermost: no body is read before the key is checked
         app.add_middleware(ApiKeyMiddleware, api_key=server_args.api_key)
 
     @app.api_route("/generate", methods=["POST", "PUT"])
@@ -269,7 +331,16 @@ def create_app(tm: TokenizerManager, server_args: Any, model_info: dict, metrics
             pass  # serve the counters we have
         return Response(metrics.render(), media_type=metrics.content_type)
 
+    app.include_router(create_openai_router(tm, server_args, model_info, tm.tokenizer))
     return app
+
+
+async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+    """404/405 of the router: OpenAI's error shape under ``/v1/``, FastAPI's default elsewhere."""
+    if not request.url.path.startswith("/v1/"):
+        return await http_exception_handler(request, exc)
+    message = f"{exc.detail}: {request.method} {request.url.path}"
+    return json_response(openai_error_body(message, exc.status_code), exc.status_code)
 
 
 async def _sse(tm: TokenizerManager, prep: Any, request: Request) -> Any:

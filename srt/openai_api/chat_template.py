@@ -1,0 +1,102 @@
+"""Chat messages -> prompt text and token ids, with the tokenizer's chat template.
+
+``ChatTemplate(tokenizer, path)`` reads the ``--chat-template`` Jinja file once (a missing file is
+an error at startup); otherwise the tokenizer's own template is used. ``render`` applies it with
+transformers' ``apply_chat_template`` and tokenizes the result without adding special tokens (the
+template writes BOS itself if the model wants one), as ``apply_chat_template(tokenize=True)`` does.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+from radixlm.srt.openai_api.protocol import ChatMessage, OpenAIError
+
+# "developer" is OpenAI's newer name for the system role; templates only know "system".
+_ROLE_ALIASES = {"developer": "system"}
+
+
+class ChatTemplate:
+    """The chat template of one server: the ``--chat-template`` file or the tokenizer's own."""
+
+    def __init__(self, tokenizer: Any, path: Optional[str] = None):
+        self.tokenizer = tokenizer
+        self.source = path
+        self.template: Optional[str] = None
+        if path:
+            file = Path(path).expanduser()
+            if not file.is_file():
+                raise FileNotFoundError(f"--chat-template {path}: no such file")
+            self.template = file.read_text(encoding="utf-8")
+        elif getattr(tokenizer, "chat_template", None):
+            self.template = None  # apply_chat_template uses the tokenizer's own
+            self.source = "tokenizer"
+
+    @property
+    def available(self) -> bool:
+        return self.source is not None
+
+    def render(self, messages: list[ChatMessage], continue_final_message: Optional[bool] = None,
+               template_kwargs: Optional[dict[str, Any]] = None) -> tuple[str, list[int]]:
+        """Return ``(prompt_text, prompt_ids)``.
+
+        Args:
+            continue_final_message: continue the last (assistant) message instead of opening a new
+                assistant turn; ``None`` means "if the last message is from the assistant".
+            template_kwargs: extra variables for the template (``chat_template_kwargs``).
+
+        Raises:
+            OpenAIError(400): no template, a non-text content part, a bad prefill request, or a
+                template that fails to render.
+        """
+        if not self.available:
+            raise OpenAIError("This model has no chat template, so /v1/chat/completions cannot format "
+                              "messages; start the server with --chat-template FILE (a Jinja template) "
+                              "or use /v1/completions", 400, "messages", "chat_template_missing")
+        plain = [_plain_message(m, i) for i, m in enumerate(messages)]
+        last_is_assistant = plain[-1]["role"] == "assistant"
+        cont = last_is_assistant if continue_final_message is None else continue_final_message
+        if cont and not last_is_assistant:
+            raise OpenAIError("continue_final_message needs the last message to be from the assistant",
+                              400, "continue_final_message")
+        if cont and not plain[-1]["content"]:
+            raise OpenAIError("continue_final_message needs a non-empty final assistant message",
+                              400, "messages")
+        kwargs = dict(template_kwargs or {})
+        for reserved in ("conversation", "tokenize", "chat_template", "add_generation_prompt",
+                         "continue_final_message"):
+            kwargs.pop(reserved, None)
+        try:
+            text = self.tokenizer.apply_chat_template(
+                plain, chat_template=self.template, tokenize=False, add_generation_prompt=not cont,
+                continue_final_message=cont, **kwargs)
+        except OpenAIError:
+            raise
+        except Exception as e:  # jinja errors, raise_exception() in templates, prefill not found
+            raise OpenAIError(f"the chat template cannot render these messages: {type(e).__name__}: {e}",
+                              400, "messages") from None
+        if not isinstance(text, str):  # some versions return a list for batched input
+            text = text[0]
+        return text, list(self.tokenizer.encode(text, add_special_tokens=False))
+
+
+def _plain_message(m: ChatMessage, i: int) -> dict[str, Any]:
+    """A template-ready dict: role (aliases resolved), content as one string, optional fields kept."""
+    content = m.content
+    if isinstance(content, list):
+        texts = []
+        for j, part in enumerate(content):
+            if part.type != "text" or part.text is None:
+                raise OpenAIError(f"messages.{i}.content.{j}: only text content parts are supported, got "
+                                  f"type {part.type!r}", 400, f"messages.{i}.content.{j}.type")
+            texts.append(part.text)
+        content = "".join(texts)
+    if content is None and m.role != "assistant":
+        raise OpenAIError(f"messages.{i}.content: a {m.role} message needs content", 400, f"messages.{i}.content")
+    out: dict[str, Any] = {"role": _ROLE_ALIASES.get(m.role, m.role), "content": content or ""}
+    for key in ("name", "tool_call_id", "tool_calls"):
+        value = getattr(m, key)
+        if value is not None:
+            out[key] = value
+    return out

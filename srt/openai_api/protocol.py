@@ -1,0 +1,262 @@
+"""Pydantic models of the OpenAI-compatible API (requests and responses) and its error shape.
+
+Requests are strict (``"1"`` is not an int, unknown top-level fields are errors, so nothing is
+silently ignored); ``None`` for an optional sampling field means "the default", as many clients
+send unset fields as JSON ``null``. Chat messages tolerate extra keys (``refusal``, ``audio``...)
+because clients echo previous assistant messages back as the SDK dumped them.
+
+Responses follow OpenAI's reference types (``openai.types.Completion``, ``ChatCompletion``,
+``ChatCompletionChunk``, ``Model``) plus SGLang's non-standard ``matched_stop`` on choices and
+``max_model_len`` on model cards. Errors are ``{"error": {"message", "type", "param", "code"}}``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+# ---- errors ----------------------------------------------------------------------------------------
+_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+                422: "invalid_request_error", 499: "client_closed_request", 503: "service_unavailable_error"}
+
+
+class OpenAIError(Exception):
+    """A client-visible error of the OpenAI routes: HTTP ``status``, the offending ``param`` (a
+    request field path such as ``messages.0.role``) and an optional machine-readable ``code``."""
+
+    def __init__(self, message: str, status: int = 400, param: Optional[str] = None, code: Optional[str] = None):
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.param = param
+        self.code = code
+
+
+def openai_error_body(message: str, status: int, param: Optional[str] = None, code: Optional[str] = None) -> dict:
+    """OpenAI's error object for an HTTP status (``type`` derived from it; 5xx -> ``server_error``)."""
+    err_type = _ERROR_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    return {"error": {"message": message, "type": err_type, "param": param,
+                      "code": code if code is not None else (None if status < 500 else str(status))}}
+
+
+# ---- shared request pieces ------------------------------------------------------------------------
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", populate_by_name=True)
+
+
+class StreamOptions(_Strict):
+    """``stream_options``: ``include_usage`` adds a final chunk with ``choices: []`` and ``usage``."""
+
+    include_usage: Optional[bool] = False
+
+
+class _SamplingRequest(_Strict):
+    """Fields common to completions and chat (OpenAI's plus radixlm/SGLang extras)."""
+
+    model: Optional[str] = None
+    frequency_penalty: Optional[float] = Field(default=None, ge=-2, le=2)
+    presence_penalty: Optional[float] = Field(default=None, ge=-2, le=2)
+    logit_bias: Optional[dict[str, float]] = None
+    max_tokens: Optional[int] = Field(default=None, ge=1)
+    n: Optional[int] = Field(default=None, ge=1, le=128)
+    seed: Optional[int] = None
+    stop: Optional[Union[str, list[str]]] = None
+    stream: Optional[bool] = False
+    stream_options: Optional[StreamOptions] = None
+    temperature: Optional[float] = Field(default=None, ge=0, le=2)
+    top_p: Optional[float] = Field(default=None, gt=0, le=1)
+    user: Optional[str] = None
+    # radixlm / SGLang extras (the native sampling fields)
+    top_k: Optional[int] = None
+    min_p: Optional[float] = None
+    min_tokens: Optional[int] = Field(default=None, ge=0)
+    ignore_eos: Optional[bool] = None
+    stop_token_ids: Optional[list[int]] = None
+    skip_special_tokens: Optional[bool] = None
+    no_stop_trim: Optional[bool] = None
+    regex: Optional[str] = None
+    ebnf: Optional[str] = None
+    rid: Optional[str] = None
+
+
+# ---- completions ------------------------------------------------------------------------------------
+class CompletionRequest(_SamplingRequest):
+    """``POST /v1/completions``. ``prompt``: str, list of str, token ids or list of token-id lists.
+    ``max_tokens`` defaults to 16; ``logprobs`` (0..20) asks for that many alternatives per token."""
+
+    prompt: Union[list[list[int]], list[int], list[str], str]
+    echo: Optional[bool] = False
+    logprobs: Optional[int] = Field(default=None, ge=0, le=20)
+    best_of: Optional[int] = Field(default=None, ge=1)
+    suffix: Optional[str] = None
+    json_schema: Optional[Union[str, dict[str, Any]]] = None
+
+
+class CompletionLogprobs(BaseModel):
+    """OpenAI's legacy logprobs: parallel lists; ``text_offset`` indexes the choice's ``text``."""
+
+    tokens: list[str] = Field(default_factory=list)
+    token_logprobs: list[Optional[float]] = Field(default_factory=list)
+    top_logprobs: list[Optional[dict[str, float]]] = Field(default_factory=list)
+    text_offset: list[int] = Field(default_factory=list)
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: Optional[CompletionLogprobs] = None
+    finish_reason: Optional[str] = None
+    matched_stop: Optional[Union[int, str]] = None
+
+
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = 0
+
+
+class UsageInfo(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
+
+
+class CompletionResponse(BaseModel):
+    """A ``text_completion`` (streamed chunks have the same shape, ``usage`` only in the last)."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    system_fingerprint: Optional[str] = None
+    choices: list[CompletionChoice]
+    usage: Optional[UsageInfo] = None
+
+
+# ---- chat ---------------------------------------------------------------------------------------------
+class ContentPart(BaseModel):
+    """One part of a message's content; only ``{"type": "text", "text": ...}`` is supported."""
+
+    model_config = ConfigDict(extra="allow")
+    type: str
+    text: Optional[str] = None
+
+
+class ChatMessage(BaseModel):
+    """One input message. ``content`` is a string, a list of text parts, or null (assistant)."""
+
+    model_config = ConfigDict(extra="allow")
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Optional[Union[str, list[ContentPart]]] = None
+    name: Optional[str] = None
+    tool_call_id: Optional[str] = None
+    tool_calls: Optional[list[dict[str, Any]]] = None
+
+
+class JsonSchemaFormat(_Strict):
+    name: str = Field(max_length=64)
+    description: Optional[str] = None
+    schema_: Optional[dict[str, Any]] = Field(default=None, alias="schema")
+    strict: Optional[bool] = None
+
+
+class ResponseFormat(_Strict):
+    """``text`` | ``json_object`` (any JSON object) | ``json_schema`` (constrained to the schema)."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: Optional[JsonSchemaFormat] = None
+
+
+class ChatCompletionRequest(_SamplingRequest):
+    """``POST /v1/chat/completions``. ``max_completion_tokens`` wins over ``max_tokens``; without
+    either the reply may use the rest of the context. ``continue_final_message`` (default: the last
+    message is from the assistant) continues that message instead of opening a new turn."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: Optional[int] = Field(default=None, ge=1)
+    logprobs: Optional[bool] = False
+    top_logprobs: Optional[int] = Field(default=None, ge=0, le=20)
+    response_format: Optional[ResponseFormat] = None
+    tools: Optional[list[dict[str, Any]]] = None
+    tool_choice: Optional[Union[str, dict[str, Any]]] = None
+    parallel_tool_calls: Optional[bool] = None
+    continue_final_message: Optional[bool] = None
+    chat_template_kwargs: Optional[dict[str, Any]] = None
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: Optional[list[int]] = None
+
+
+class ChatTokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)
+
+
+class ChoiceLogprobs(BaseModel):
+    content: Optional[list[ChatTokenLogprob]] = None
+    refusal: Optional[list[ChatTokenLogprob]] = None
+
+
+class ChatResponseMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: Optional[str] = None
+    refusal: Optional[str] = None
+    tool_calls: Optional[list[dict[str, Any]]] = None
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: ChatResponseMessage
+    logprobs: Optional[ChoiceLogprobs] = None
+    finish_reason: Optional[str] = None
+    matched_stop: Optional[Union[int, str]] = None
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    system_fingerprint: Optional[str] = None
+    choices: list[ChatChoice]
+    usage: UsageInfo
+
+
+class DeltaMessage(BaseModel):
+    role: Optional[Literal["assistant"]] = None
+    content: Optional[str] = None
+
+
+class ChatStreamChoice(BaseModel):
+    index: int
+    delta: DeltaMessage
+    logprobs: Optional[ChoiceLogprobs] = None
+    finish_reason: Optional[str] = None
+    matched_stop: Optional[Union[int, str]] = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    system_fingerprint: Optional[str] = None
+    choices: list[ChatStreamChoice]
+    usage: Optional[UsageInfo] = None
+
+
+# ---- models -----------------------------------------------------------------------------------------
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "radixlm"
+    root: Optional[str] = None
+    max_model_len: int
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]

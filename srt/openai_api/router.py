@@ -1,0 +1,97 @@
+"""The OpenAI-compatible routes as one FastAPI ``APIRouter`` (``shared/docs/sglang-reference.md`` 2.3).
+
+``create_openai_router(tm, server_args, model_info, tokenizer)`` builds it; the app includes it:
+
+- ``GET /v1/models`` and ``GET /v1/models/{id}`` (404 for another id): one card, id = the served
+  model name (``--served-model-name``, else the model path), with ``max_model_len``.
+- ``POST /v1/completions`` (``completions.py``) and ``POST /v1/chat/completions`` (``chat.py``).
+  Any ``model`` value is accepted (one model per server); responses report the served name.
+
+Every error of these routes is OpenAI-shaped, ``{"error": {"message", "type", "param", "code"}}``
+(``common.error_body``): 400 for bad input (never a 500 for a client error), 404, 503 when
+overloaded or the scheduler is gone. Bodies are parsed by hand, so a body sent without a JSON
+content type still works and FastAPI's own 422 never appears.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from typing import Any, Awaitable, Callable
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from radixlm.managers.tokenizer_manager import ClientDisconnected
+from radixlm.srt.openai_api.chat import create_chat_completion
+from radixlm.srt.openai_api.chat_template import ChatTemplate
+from radixlm.srt.openai_api.common import ServingContext, error_json
+from radixlm.srt.openai_api.completions import create_completion
+from radixlm.srt.openai_api.protocol import (ChatCompletionRequest, CompletionRequest, ModelCard, ModelList,
+                                             OpenAIError)
+
+
+def _openai_errors(handler: Callable[..., Awaitable[Response]]) -> Callable[..., Awaitable[Response]]:
+    """Turn any exception of ``handler`` into an OpenAI error response (499 if the client left)."""
+
+    @functools.wraps(handler)
+    async def wrapper(*args: Any, **kwargs: Any) -> Response:
+        try:
+            return await handler(*args, **kwargs)
+        except ClientDisconnected:
+            return Response(status_code=499)  # nobody is listening
+        except Exception as e:  # noqa: BLE001 - error_json logs the unexpected ones
+            return error_json(e)
+
+    return wrapper
+
+
+def create_openai_router(tm: Any, server_args: Any, model_info: dict, tokenizer: Any) -> APIRouter:
+    """Build the ``/v1`` routes.
+
+    Args:
+        tm: the ``TokenizerManager`` (``prepare``, ``check_admission``, ``generate``, ``generate_stream``).
+        server_args: ``ServerArgs``; ``chat_template`` (a Jinja file) overrides the tokenizer's template.
+        model_info: the ``/get_model_info`` dict (``served_model_name``, ``model_path``, ``context_length``).
+        tokenizer: the transformers tokenizer of the model.
+
+    Raises:
+        FileNotFoundError: ``--chat-template`` names a file that does not exist.
+    """
+    from radixlm import __version__
+
+    context_len = int(model_info.get("context_length") or tm.context_len)
+    name = str(model_info.get("served_model_name") or model_info.get("model_path") or "default")
+    ctx = ServingContext(tm=tm, tokenizer=tokenizer, model_name=name, context_len=context_len,
+                         fingerprint=f"fp_radixlm_{__version__}",
+                         chat_template=ChatTemplate(tokenizer, getattr(server_args, "chat_template", None)))
+    card = ModelCard(id=name, created=int(time.time()), root=str(model_info.get("model_path") or name),
+                     max_model_len=context_len)
+    router = APIRouter()
+
+    @router.get("/v1/models")
+    @_openai_errors
+    async def list_models() -> Response:
+        return Response(ModelList(data=[card]).model_dump_json(), media_type="application/json")
+
+    @router.get("/v1/models/{model_id:path}")
+    @_openai_errors
+    async def retrieve_model(model_id: str) -> Response:
+        if model_id != card.id:
+            raise OpenAIError(f"The model '{model_id}' does not exist; this server serves '{card.id}'", 404,
+                              "model", "model_not_found")
+        return Response(card.model_dump_json(), media_type="application/json")
+
+    @router.post("/v1/completions")
+    @_openai_errors
+    async def completions(request: Request) -> Response:
+        req = CompletionRequest.model_validate_json(await request.body())
+        return await create_completion(ctx, req, request)
+
+    @router.post("/v1/chat/completions")
+    @_openai_errors
+    async def chat_completions(request: Request) -> Response:
+        req = ChatCompletionRequest.model_validate_json(await request.body())
+        return await create_chat_completion(ctx, req, request)
+
+    return router

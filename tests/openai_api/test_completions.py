@@ -1,0 +1,171 @@
+"""/v1/completions with the official ``openai`` client against a live stories260K server."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+from openai.types import Completion
+
+from .conftest import MODEL, revalidate, sse_lines
+
+PROMPT = "Once upon a time"
+
+
+def _create(client, **kw):
+    return client.completions.create(model=MODEL, **kw)
+
+
+def _check_logprobs(choice, top: int, echo_tokens: int) -> None:
+    lp = choice.logprobs
+    assert lp is not None
+    n = len(lp.tokens)
+    assert len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == n
+    assert "".join(lp.tokens) == choice.text  # token strings concatenate to the text
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(n)]
+    if echo_tokens:
+        assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    for lpv, alts in zip(lp.token_logprobs[1 if echo_tokens else 0:], lp.top_logprobs[1 if echo_tokens else 0:]):
+        assert lpv <= 0 and len(alts) <= top and all(v <= 0 for v in alts.values())
+        if top:
+            assert max(alts.values()) >= lpv - 1e-4  # the best alternative is at least as likely
+
+
+@pytest.mark.parametrize("n,echo,logprobs", list(itertools.product([1, 2], [False, True], [None, 2])))
+def test_grid_stream_equals_non_stream(client, tok, n, echo, logprobs):
+    """Shapes parse with the SDK's models, prompt_tokens is exact, streamed == non-streamed (text and
+    logprobs), one finish chunk per choice, usage chunk only when asked."""
+    kw = dict(prompt=PROMPT, max_tokens=4, temperature=0, n=n, echo=echo, logprobs=logprobs)
+    full = _create(client, **kw)
+    revalidate(full)
+    assert full.object == "text_completion" and full.model == MODEL and full.id.startswith("cmpl-")
+    assert full.system_fingerprint and full.created > 0
+    prompt_tokens = len(tok.encode(PROMPT))
+    assert full.usage.prompt_tokens == prompt_tokens
+    assert full.usage.completion_tokens == 4 * n
+    assert full.usage.total_tokens == prompt_tokens + 4 * n
+    assert full.usage.prompt_tokens_details.cached_tokens >= 0
+    assert [c.index for c in full.choices] == list(range(n))
+    for c in full.choices:
+        assert c.finish_reason == "length"
+        assert c.text.startswith(PROMPT) == echo
+        if logprobs is not None:
+            _check_logprobs(c, logprobs, prompt_tokens if echo else 0)
+            assert len(c.logprobs.tokens) == 4 + (prompt_tokens if echo else 0)
+        else:
+            assert c.logprobs is None
+
+    include_usage = n == 2  # ask for the usage chunk in half of the grid
+    chunks = list(_create(client, stream=True, stream_options={"include_usage": include_usage}, **kw))
+    texts, finishes, lps = {}, {}, {}
+    for chunk in chunks:
+        assert isinstance(chunk, Completion) and chunk.id == chunks[0].id
+        revalidate(chunk)
+        if not chunk.choices:
+            continue
+        (c,) = chunk.choices
+        texts[c.index] = texts.get(c.index, "") + c.text
+        if c.finish_reason is not None:
+            finishes.setdefault(c.index, []).append(c.finish_reason)
+        if c.logprobs is not None:
+            acc = lps.setdefault(c.index, {"tokens": [], "token_logprobs": [], "text_offset": []})
+            for key in acc:
+                acc[key] += getattr(c.logprobs, key)
+    assert texts == {c.index: c.text for c in full.choices}
+    assert finishes == {i: ["length"] for i in range(n)}
+    if logprobs is not None:
+        for c in full.choices:
+            got = lps[c.index]
+            assert (got["tokens"], got["text_offset"]) == (c.logprobs.tokens, c.logprobs.text_offset)
+            # batch composition differs between the two runs: equal up to float noise
+            assert got["token_logprobs"] == pytest.approx(c.logprobs.token_logprobs, abs=1e-4)
+    usage_chunks = [ch for ch in chunks if ch.usage is not None]
+    if include_usage:
+        assert len(usage_chunks) == 1 and chunks[-1] is usage_chunks[0] and not chunks[-1].choices
+        usage = usage_chunks[0].usage
+        assert (usage.prompt_tokens, usage.completion_tokens, usage.total_tokens) == (
+            full.usage.prompt_tokens, full.usage.completion_tokens, full.usage.total_tokens)
+        assert usage.prompt_tokens_details.cached_tokens >= 0
+    else:
+        assert not usage_chunks
+
+
+def test_stream_ends_with_done(stories_server):
+    lines = sse_lines(stories_server, "/v1/completions",
+                      {"model": MODEL, "prompt": PROMPT, "max_tokens": 3, "stream": True})
+    assert lines[-1] == "[DONE]" and lines.count("[DONE]") == 1
+    assert all(json.loads(x)["object"] == "text_completion" for x in lines[:-1])
+
+
+def test_prompt_forms_give_the_same_text(client, tok):
+    ids = tok.encode(PROMPT)
+    kw = dict(max_tokens=5, temperature=0)
+    by_str = _create(client, prompt=PROMPT, **kw).choices[0].text
+    assert _create(client, prompt=ids, **kw).choices[0].text == by_str
+    batch = _create(client, prompt=[PROMPT, "Lily"], **kw)
+    assert [c.index for c in batch.choices] == [0, 1] and batch.choices[0].text == by_str
+    assert batch.usage.prompt_tokens == len(ids) + len(tok.encode("Lily"))
+    by_ids = _create(client, prompt=[ids, tok.encode("Lily")], **kw)
+    assert [c.text for c in by_ids.choices] == [c.text for c in batch.choices]
+    # choices of a list prompt with n: prompt-major order
+    grid = _create(client, prompt=[PROMPT, "Lily"], n=2, **kw)
+    assert [c.text for c in grid.choices] == [by_str, by_str, batch.choices[1].text, batch.choices[1].text]
+
+
+def test_greedy_equals_native_generate_and_default_max_tokens_is_16(client, http):
+    prompts = [PROMPT, "The cat sat on the mat and", "Sara had a red ball. She liked to"]
+    native = http.post("/generate", json={"text": prompts, "sampling_params": {
+        "temperature": 0, "max_new_tokens": 16, "ignore_eos": True}})
+    assert native.status_code == 200, native.text
+    got = _create(client, prompt=prompts, temperature=0, extra_body={"ignore_eos": True})  # no max_tokens
+    assert [c.text for c in got.choices] == [r["text"] for r in native.json()]
+    assert got.usage.completion_tokens == 3 * 16 and {c.finish_reason for c in got.choices} == {"length"}
+
+
+def test_seed_reproducible_alone_and_in_batches(client):
+    kw = dict(max_tokens=8, temperature=0.8, seed=1234)
+    alone = _create(client, prompt="Lily", **kw).choices[0].text
+    assert _create(client, prompt="Lily", **kw).choices[0].text == alone
+    batch = _create(client, prompt=["Lily"] * 8, **kw)
+    assert [c.text for c in batch.choices] == [alone] * 8
+    n8 = _create(client, prompt="Lily", n=8, **kw)
+    assert n8.choices[0].text == alone  # choice j samples with seed + j
+    assert len({c.text for c in n8.choices}) > 1
+    assert _create(client, prompt="Lily", **{**kw, "seed": 99}).choices[0].text != alone
+
+
+def test_stop_and_extras(client, http):
+    base = _create(client, prompt=PROMPT, max_tokens=10, temperature=0).choices[0].text  # ", there was a little g"
+    stopped = _create(client, prompt=PROMPT, max_tokens=10, temperature=0, stop=[" was"])
+    c = stopped.choices[0]
+    assert c.finish_reason == "stop" and c.text == base[:base.index(" was")]
+    assert c.model_extra["matched_stop"] == " was"
+    native = http.post("/generate", json={"text": PROMPT, "sampling_params": {"temperature": 0, "max_new_tokens": 1}})
+    first_id = native.json()["output_ids"][0]
+    by_id = _create(client, prompt=PROMPT, max_tokens=10, temperature=0, extra_body={"stop_token_ids": [first_id]})
+    assert by_id.choices[0].finish_reason == "stop" and by_id.usage.completion_tokens == 1
+    top1 = _create(client, prompt=PROMPT, max_tokens=10, temperature=1.0, seed=5,
+                   extra_body={"top_k": 1, "min_p": 0.1, "min_tokens": 2})
+    assert top1.choices[0].text == base  # top_k 1 is greedy
+    banned = _create(client, prompt=PROMPT, max_tokens=1, temperature=0, logit_bias={str(first_id): -100},
+                     presence_penalty=0.5, frequency_penalty=0.5, user="test-user")
+    assert banned.usage.completion_tokens == 1 and not base.startswith(banned.choices[0].text)
+
+
+def test_constrained_extras(client):
+    got = _create(client, prompt="Lily", max_tokens=10, temperature=0, extra_body={"regex": "[a-z ]+\\."})
+    text = got.choices[0].text
+    assert text and all(ch.islower() or ch in " ." for ch in text)
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    got = _create(client, prompt="Lily", max_tokens=12, temperature=0, extra_body={"json_schema": schema})
+    if got.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(got.choices[0].text)["a"], int)
+    else:
+        assert got.choices[0].text.startswith('{"a":')
+
+
+def test_models(client):
+    models = client.models.list().data
+    assert [m.id for m in models] == [MODEL] and models[0].model_extra["max_model_len"] == 2048
+    assert client.models.retrieve(MODEL).id == MODEL

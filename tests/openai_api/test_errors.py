@@ -1,0 +1,143 @@
+"""Client errors of the /v1 routes: status, OpenAI's error shape, a useful message, and a server
+that still answers afterwards. Raw HTTP for exact bodies, the ``openai`` client for its exceptions."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from .conftest import MODEL
+
+LONG_IDS = list(range(5, 505)) * 5  # 2500 tokens > the 2048-token context
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+USER = [{"role": "user", "content": "Hi"}]
+
+# (case, path, body, status, substring of the message, param)
+CASES = [
+    ("empty messages", CHAT, {"messages": []}, 400, "at least 1 item", "messages"),
+    ("unknown role", CHAT, {"messages": [{"role": "bot", "content": "x"}]}, 400, "'system'", "messages.0.role"),
+    ("role missing", CHAT, {"messages": [{"content": "x"}]}, 400, "Field required", "messages.0.role"),
+    ("image part", CHAT, {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+     400, "only text content parts", "messages.0.content.0.type"),
+    ("user without content", CHAT, {"messages": [{"role": "user"}]}, 400, "needs content", "messages.0.content"),
+    ("chat n < 1", CHAT, {"messages": USER, "n": 0}, 400, "greater than or equal to 1", "n"),
+    ("completion n < 1", COMPLETIONS, {"prompt": "Lily", "n": -1}, 400, "greater than or equal to 1", "n"),
+    ("max_tokens 0", COMPLETIONS, {"prompt": "Lily", "max_tokens": 0}, 400, "greater than or equal to 1", "max_tokens"),
+    ("max_tokens negative", CHAT, {"messages": USER, "max_tokens": -5}, 400, "greater than or equal to 1",
+     "max_tokens"),
+    ("max_completion_tokens 0", CHAT, {"messages": USER, "max_completion_tokens": 0}, 400, "greater than or equal",
+     "max_completion_tokens"),
+    ("max_tokens beyond context", COMPLETIONS, {"prompt": "Lily", "max_tokens": 2047}, 400,
+     "maximum context length is 2048 tokens. However, you requested 2049 tokens (2 in the prompt, 2047", "max_tokens"),
+    ("chat max_tokens beyond context", CHAT, {"messages": USER, "max_tokens": 5000}, 400, "for the completion",
+     "max_tokens"),
+    ("prompt too long", COMPLETIONS, {"prompt": LONG_IDS}, 400, "2048 tokens, but the prompt has 2500 tokens",
+     "prompt"),
+    ("chat prompt too long", CHAT, {"messages": [{"role": "user", "content": "a b " * 1500}]}, 400,
+     "maximum context length is 2048 tokens, but the prompt has", "messages"),
+    ("response_format unknown type", CHAT, {"messages": USER, "response_format": {"type": "xml"}}, 400,
+     "'text', 'json_object' or 'json_schema'", "response_format.type"),
+    ("response_format json_schema missing", CHAT, {"messages": USER, "response_format": {"type": "json_schema"}}, 400,
+     "needs a json_schema object", "response_format.json_schema"),
+    ("response_format schema missing", CHAT,
+     {"messages": USER, "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, 400,
+     "schema is missing", "response_format.json_schema.schema"),
+    ("response_format schema not an object", CHAT,
+     {"messages": USER, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": "s"}}}, 400,
+     "should be an object", "response_format.json_schema.schema"),
+    ("response_format bad schema", CHAT,
+     {"messages": USER,
+      "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "foo"}}}},
+     400, "foo", None),
+    ("response_format and regex", CHAT, {"messages": USER, "response_format": {"type": "json_object"}, "regex": "a"},
+     400, "at most one output constraint", "regex"),
+    ("bad regex", COMPLETIONS, {"prompt": "Lily", "regex": "(("}, 400, "parenthesis", None),
+    ("temperature of wrong type", COMPLETIONS, {"prompt": "Lily", "temperature": "hot"}, 400, "valid number",
+     "temperature"),
+    ("n as a string", CHAT, {"messages": USER, "n": "2"}, 400, "valid integer", "n"),
+    ("stream as a string", CHAT, {"messages": USER, "stream": "yes"}, 400, "valid boolean", "stream"),
+    ("prompt of wrong type", COMPLETIONS, {"prompt": 5}, 400, "prompt: Input should be a valid", "prompt"),
+    ("messages not a list", CHAT, {"messages": "hi"}, 400, "valid array", "messages"),
+    ("empty prompt list", COMPLETIONS, {"prompt": []}, 400, "prompt is empty", "prompt"),
+    ("token id outside vocab", COMPLETIONS, {"prompt": [1, 600]}, 400, "outside the vocabulary", None),
+    ("temperature out of range", CHAT, {"messages": USER, "temperature": 3}, 400, "less than or equal to 2",
+     "temperature"),
+    ("logprobs too many", COMPLETIONS, {"prompt": "Lily", "logprobs": 50}, 400, "less than or equal to 20", "logprobs"),
+    ("top_logprobs without logprobs", CHAT, {"messages": USER, "top_logprobs": 2}, 400, "needs logprobs",
+     "top_logprobs"),
+    ("unknown field", COMPLETIONS, {"prompt": "Lily", "temprature": 0}, 400, "unknown field", "temprature"),
+    ("tools", CHAT, {"messages": USER, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400,
+     "not supported", "tools"),
+    ("stream_options without stream", COMPLETIONS, {"prompt": "Lily", "stream_options": {"include_usage": True}},
+     400, "only allowed with stream", "stream_options"),
+    ("prefill without assistant message", CHAT, {"messages": USER, "continue_final_message": True}, 400,
+     "last message to be from the assistant", "continue_final_message"),
+]
+
+
+def _assert_openai_error(resp: httpx.Response, status: int, text: str, param=...) -> dict:
+    assert resp.status_code == status, resp.text
+    body = resp.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}, body
+    err = body["error"]
+    assert text in err["message"], err
+    assert isinstance(err["type"], str) and err["type"]
+    if param is not ...:
+        assert err["param"] == param, err
+    return err
+
+
+def _healthy(http: httpx.Client) -> None:
+    assert http.get("/health").status_code == 200
+    ok = http.post(COMPLETIONS, json={"model": MODEL, "prompt": "Lily", "max_tokens": 2})
+    assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 2, ok.text
+
+
+@pytest.mark.parametrize("case,path,body,status,text,param", CASES, ids=[c[0] for c in CASES])
+def test_bad_request(http, case, path, body, status, text, param):
+    err = _assert_openai_error(http.post(path, json={"model": MODEL, **body}), status, text, param)
+    assert err["type"] == "invalid_request_error"
+    assert http.get("/health").status_code == 200
+
+
+def test_bad_stream_request_fails_before_streaming(http):
+    resp = http.post(CHAT, json={"model": MODEL, "messages": [], "stream": True})
+    _assert_openai_error(resp, 400, "at least 1 item", "messages")
+
+
+def test_malformed_json_and_not_an_object(http):
+    for raw in (b'{"prompt": "Lily", ', b"", b'["Lily"]'):
+        resp = http.post(COMPLETIONS, content=raw, headers={"content-type": "application/json"})
+        _assert_openai_error(resp, 400, "malformed JSON" if raw != b'["Lily"]' else "should be an object")
+
+
+def test_not_found_and_auth(stories_server, http, client):
+    _assert_openai_error(http.get("/v1/models/gpt-4"), 404, "'gpt-4' does not exist", "model")
+    _assert_openai_error(http.post("/v1/embeddings", json={}), 404, "Not Found")
+    bad_key = httpx.post(stories_server.url + COMPLETIONS, json={"prompt": "Lily"},
+                         headers={"Authorization": "Bearer wrong"})
+    err = _assert_openai_error(bad_key, 401, "API key")
+    assert err["code"] == "invalid_api_key"
+    assert http.get("/get_model_info").status_code == 200  # native routes keep their own shape
+
+
+def test_openai_client_raises_typed_errors(stories_server, client):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=MODEL, messages=[])
+    assert e.value.status_code == 400 and "messages" in e.value.message
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=MODEL, prompt="Lily", max_tokens=5000)
+    assert e.value.code == "context_length_exceeded"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-4")
+    bad = openai.OpenAI(base_url=stories_server.url + "/v1", api_key="wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad.models.list()
+
+
+def test_healthy_after_errors(http):
+    for _, path, body, *_ in CASES[:5]:
+        http.post(path, json={"model": MODEL, **body})
+    _healthy(http)

@@ -1,0 +1,114 @@
+"""In-process tests (no server): token strings for logprobs, chat templates, and the app's /v1 error
+mapping with a stand-in TokenizerManager (503 when overloaded, 400 without a chat template, 404s)."""
+
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+
+from radixlm.managers.tokenizer_manager import RequestError
+from radixlm.srt.http_server import create_app
+from radixlm.srt.openai_api.chat_template import ChatTemplate
+from radixlm.srt.openai_api.common import max_new_tokens, usage_info, validation_message
+from radixlm.srt.openai_api.logprobs import TokenStrings, completion_logprobs
+from radixlm.srt.openai_api.protocol import ChatMessage, OpenAIError
+from radixlm.srt.server_args import ServerArgs
+
+from .conftest import TEMPLATE
+
+
+def test_token_strings_concatenate_to_the_decoded_text(tok):
+    text = "Once upon a time, there was a little girl named Lily. She liked to play."
+    ids = tok.encode(text)
+    strings = TokenStrings(tok)
+    pieces = strings.pieces(ids)
+    assert "".join(pieces) == tok.decode(ids, skip_special_tokens=True) == text
+    assert pieces[0] == "" and pieces[2] == " upon"  # BOS, then SentencePiece's space is kept
+    # continuing after a prompt keeps the leading space of the first output token
+    after = tok.encode("Once upon a time,")
+    assert strings.pieces(tok.encode(" there", add_special_tokens=False), context=after) == [" there"]
+
+
+def test_completion_logprobs_shape(tok):
+    ids = tok.encode("Once upon")
+    triples = [[None, ids[0], None], [-0.5, ids[1], None], [-0.25, ids[2], None]]
+    tops = [None, [[-0.5, ids[1], None], [-1.0, ids[2], None]], [[-0.25, ids[2], None]]]
+    lp = completion_logprobs(TokenStrings(tok), triples, tops, (), first_offset=0, top_n=1)
+    assert lp.tokens == ["", "Once", " upon"] and lp.text_offset == [0, 0, 4]
+    assert lp.token_logprobs == [None, -0.5, -0.25] and lp.top_logprobs == [None, {"Once": -0.5}, {" upon": -0.25}]
+
+
+def test_chat_template_file_and_missing_template(tok):
+    with pytest.raises(OpenAIError) as e:
+        ChatTemplate(tok).render([ChatMessage(role="user", content="hi")])
+    assert e.value.status == 400 and "--chat-template" in e.value.message and e.value.code == "chat_template_missing"
+    with pytest.raises(FileNotFoundError):
+        ChatTemplate(tok, "/nonexistent/template.jinja")
+    text, ids = ChatTemplate(tok, str(TEMPLATE)).render(
+        [ChatMessage(role="developer", content="Be brief."), ChatMessage(role="user", content="hi")])
+    assert text == "<s><|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    assert ids[0] == tok.bos_token_id and tok.decode(ids, skip_special_tokens=True) == text[len("<s>"):]
+
+
+def test_length_checks_and_usage():
+    assert max_new_tokens([10, 20], None, 16, 2048, "prompt", "max_tokens") == 16
+    assert max_new_tokens([2040], None, 16, 2048, "prompt", "max_tokens") == 8  # the default is clamped
+    assert max_new_tokens([100], None, None, 2048, "messages", "max_tokens") == 1948
+    with pytest.raises(OpenAIError, match="100 in the prompt, 1949 for the completion"):
+        max_new_tokens([100], 1949, None, 2048, "messages", "max_tokens")
+    metas = [{"prompt_tokens": 5, "completion_tokens": 3, "cached_tokens": 4}] * 4  # 2 prompts x n=2
+    usage = usage_info(metas, 2)
+    assert (usage.prompt_tokens, usage.completion_tokens, usage.prompt_tokens_details.cached_tokens) == (10, 12, 8)
+
+
+def test_validation_message_merges_union_branches():
+    errors = [{"loc": ("prompt", "list[int]"), "msg": "Input should be a valid array", "type": "list_type"},
+              {"loc": ("prompt", "str"), "msg": "Input should be a valid string", "type": "string_type"},
+              {"loc": ("n",), "msg": "Input should be a valid integer", "type": "int_type"}]
+    message, param = validation_message(errors)
+    assert param == "prompt"
+    assert message == ("invalid request: prompt: Input should be a valid array or Input should be a valid string; "
+                       "n: Input should be a valid integer")
+
+
+class _OverloadedTM:
+    """Stands in for the TokenizerManager: tokenizes nothing, refuses admission with 503."""
+
+    context_len = 2048
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def prepare(self, req):
+        return req
+
+    def check_admission(self, prep):
+        raise RequestError("The request queue is full; retry later", 503)
+
+
+@pytest.fixture(scope="module")
+def app_client(tok):
+    info = {"served_model_name": "m", "model_path": "/models/m", "context_length": 2048}
+    with TestClient(create_app(_OverloadedTM(tok), ServerArgs(), info, None, "0")) as client:
+        yield client
+
+
+def test_overload_is_an_openai_503(app_client):
+    resp = app_client.post("/v1/completions", json={"model": "m", "prompt": "Lily"})
+    assert resp.status_code == 503
+    err = resp.json()["error"]
+    assert err["type"] == "service_unavailable_error" and "queue is full" in err["message"] and "param" in err
+
+
+def test_no_chat_template_is_a_clear_400(app_client):
+    resp = app_client.post("/v1/chat/completions", json={"model": "m", "messages": [{"role": "user", "content": "x"}]})
+    assert resp.status_code == 400 and resp.json()["error"]["code"] == "chat_template_missing"
+    assert "--chat-template" in resp.json()["error"]["message"]
+
+
+def test_unknown_routes(app_client):
+    resp = app_client.get("/v1/nothing")
+    assert resp.status_code == 404 and set(resp.json()["error"]) == {"message", "type", "param", "code"}
+    assert app_client.delete("/v1/completions").status_code == 405
+    assert app_client.get("/nothing").json() == {"detail": "Not Found"}  # native routes unchanged
+    assert app_client.get("/v1/models").json()["data"][0]["root"] == "/models/m"
