@@ -115,6 +115,7 @@ class IncrementalDetokenizer:
         spaces_between_special_tokens: bool = True,
         no_stop_trim: bool = False,
         traits: Optional[TokenizerTraits] = None,
+        context_ids: Sequence[int] = (),
     ) -> None:
         self._traits = traits if traits is not None else TokenizerTraits.of(tokenizer)
         self._skip_special = skip_special_tokens
@@ -122,13 +123,22 @@ class IncrementalDetokenizer:
         if self._traits.spaces_kwarg:
             kwargs["spaces_between_special_tokens"] = spaces_between_special_tokens
         self._decode: Callable[[list[int]], str] = lambda ids: tokenizer.decode(ids, **kwargs)
+        # A context ending inside a byte-fallback run (a prompt cut mid-character) would shift the
+        # text offsets; start after the run instead.
+        context_ids = list(context_ids)
+        while context_ids and context_ids[-1] in self._traits.byte_ids:
+            context_ids.pop()
         self.stop_strs: tuple[str, ...] = tuple(s for s in (stop_strs or ()) if s)
         self.no_stop_trim = no_stop_trim
-        self.output_ids: list[int] = []
+        # ``context_ids`` (the prompt's last ids) lead ``output_ids`` so the first output token is
+        # decoded as it reads after the prompt (its SentencePiece leading space, byte merges);
+        # their own text is never returned.
+        self.num_context = len(context_ids)
+        self.output_ids: list[int] = list(context_ids)
         # Text of output_ids[:read_offset]; output_ids[surr_offset:read_offset] is the context that
         # gives the next tokens their leading space / byte merges.
         self.surr_offset = 0
-        self.read_offset = 0
+        self.read_offset = self.num_context
         self.decoded_text = ""
         self.sent_offset = 0  # characters of decoded_text already returned
         self.finished = False
@@ -207,7 +217,7 @@ class IncrementalDetokenizer:
             finish.type == "stop"
             and isinstance(matched, int)
             and not self.no_stop_trim
-            and end > 0
+            and end > self.num_context
             and self.output_ids[-1] == matched
         ):
             end -= 1  # the stop token's text is not part of the output
@@ -280,6 +290,7 @@ class DetokenizerManager:
             spaces_between_special_tokens=batch.spaces_between_special_tokens[i],
             no_stop_trim=batch.no_stop_trim[i],
             traits=self._traits,
+            context_ids=batch.input_tail_ids[i] or (),
         )
         self._states[rid] = state
         if len(self._states) > self.max_states:

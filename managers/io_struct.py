@@ -118,6 +118,9 @@ class BatchTokenOut(msgspec.Struct, tag=True, kw_only=True):
     # Stop strings of each request, sent with its first entry only (None afterwards): the
     # detokenizer holds back streamed text that could still become a stop string.
     stop_strs: list[Optional[list[str]]]
+    # The last few prompt ids, sent with a request's first entry only: decoding the output with
+    # this context keeps a SentencePiece leading space and byte merges at the boundary right.
+    input_tail_ids: list[Optional[list[int]]]
     output_token_logprobs: list[Optional[list[float]]]
     output_top_logprobs: list[Optional[list[list[tuple[float, int]]]]]
     input_token_logprobs: list[Optional[list[Optional[float]]]]

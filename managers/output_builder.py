@@ -7,6 +7,9 @@ from typing import Optional
 from radixlm.managers.io_struct import BatchTokenOut
 from radixlm.managers.schedule_batch import Req
 
+# Prompt ids given to the detokenizer as context for the first output token (vLLM/SGLang use ~5).
+DETOKENIZE_CONTEXT_TOKENS = 5
+
 
 def build_batch_output(reqs: list[Req], stats: dict[str, int]) -> Optional[BatchTokenOut]:
     """Entries for requests with new tokens, pending input logprobs, or a new finish reason.
@@ -16,7 +19,7 @@ def build_batch_output(reqs: list[Req], stats: dict[str, int]) -> Optional[Batch
     """
     out = BatchTokenOut(rids=[], output_ids=[], finished_reasons=[], prompt_tokens=[], completion_tokens=[],
                         cached_tokens=[], skip_special_tokens=[], spaces_between_special_tokens=[],
-                        no_stop_trim=[], stop_strs=[], output_token_logprobs=[], output_top_logprobs=[],
+                        no_stop_trim=[], stop_strs=[], input_tail_ids=[], output_token_logprobs=[], output_top_logprobs=[],
                         input_token_logprobs=[], input_token_ids=[], input_top_logprobs=[], num_retractions=[])
     for r in reqs:
         new_ids = r.output_ids[r.num_sent:]
@@ -39,6 +42,7 @@ def build_batch_output(reqs: list[Req], stats: dict[str, int]) -> Optional[Batch
         out.spaces_between_special_tokens.append(p.spaces_between_special_tokens)
         out.no_stop_trim.append(p.no_stop_trim)
         out.stop_strs.append(None if r.stop_strs_sent else r.stop_strs)
+        out.input_tail_ids.append(None if r.stop_strs_sent else r.origin_input_ids[-DETOKENIZE_CONTEXT_TOKENS:])
         out.num_retractions.append(r.num_retractions)
         if r.return_logprob:
             out.output_token_logprobs.append(r.pending_output_logprobs)

@@ -8,11 +8,16 @@ radix tree (locked through ``last_node``); the rest are owned by the request.
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any, Optional
 
 from radixlm.managers.io_struct import FinishReason, TokenizedGenerateReq
 from radixlm.srt.sampling_params import SamplingParams
+
+
+# Output tokens decoded for stop-regex search (a regex has no fixed length; SGLang bounds it too).
+STOP_REGEX_WINDOW_TOKENS = 64
 
 
 class Req:
@@ -23,6 +28,7 @@ class Req:
         self.max_new_tokens = max_new_tokens
         self.stop_ids = stop_ids  # EOS (unless ignore_eos) + stop_token_ids
         self.stop_strs = msg.sampling_params.stop_strs()
+        self.stop_regexes = [re.compile(p) for p in msg.sampling_params.stop_regexes()]
         self.stream = msg.stream
         self.return_logprob = msg.return_logprob
         self.top_logprobs_num = msg.top_logprobs_num
@@ -110,6 +116,12 @@ class Req:
                 for s in self.stop_strs:
                     if s in tail:
                         self.finished_reason = FinishReason(type="stop", matched=s)
+                        return
+            if self.stop_regexes:
+                tail = decode_text(self.output_ids[-STOP_REGEX_WINDOW_TOKENS:])
+                for rx in self.stop_regexes:
+                    if rx.search(tail):
+                        self.finished_reason = FinishReason(type="stop", matched=rx.pattern)
                         return
         if n >= self.max_new_tokens:
             self.finished_reason = FinishReason(type="length", length=n)

@@ -27,7 +27,7 @@ import msgspec
 import zmq
 
 from radixlm.managers.io_struct import (AbortReq, BatchStrOut, FlushCacheOut, FlushCacheReq, GetInternalStateReq,
-                                        InternalState, Message, TokenizedGenerateReq)
+                                        InternalState, Message, TokenizedGenerateReq, encode)
 from radixlm.managers.ipc import AsyncPullReceiver, IpcPaths, PushSender
 from radixlm.managers.response import ResponseAccumulator
 from radixlm.managers.validation import InvalidRequestError, validate_generate_input
@@ -37,6 +37,8 @@ logger = logging.getLogger(__name__)
 
 _DISCONNECT_POLL_S = 0.5  # how often a waiting request checks whether its client is still there
 _CONTROL_TIMEOUT_S = 30.0
+# Most sequences (prompts x n) one HTTP request may start: bounds the work a single body can create.
+MAX_SEQUENCES_PER_REQUEST = 1024
 
 
 class RequestError(Exception):
@@ -143,6 +145,9 @@ class TokenizerManager:
             InvalidRequestError: bad input (message says what); nothing is sent then.
         """
         created = time.monotonic()
+        if len(req.prompts) > MAX_SEQUENCES_PER_REQUEST:
+            raise InvalidRequestError(f"a request may hold at most {MAX_SEQUENCES_PER_REQUEST} prompts, "
+                                      f"got {len(req.prompts)}")
         base_rids = req.rids or [uuid.uuid4().hex for _ in req.prompts]
         items = []
         for i, prompt in enumerate(req.prompts):
@@ -164,6 +169,9 @@ class TokenizerManager:
         if len(ns) > 1:
             raise InvalidRequestError(f"all sampling_params of one request must share n, got {sorted(ns)}")
         n = ns.pop()
+        if len(items) * n > MAX_SEQUENCES_PER_REQUEST:
+            raise InvalidRequestError(f"a request may start at most {MAX_SEQUENCES_PER_REQUEST} sequences "
+                                      f"(prompts x n), got {len(items)} x {n}")
 
         def msg(i: int, ids: list[int], params: SamplingParams, rid: str, stream: bool) -> TokenizedGenerateReq:
             return TokenizedGenerateReq(rid=rid, input_ids=ids, sampling_params=params, stream=stream,
@@ -180,9 +188,15 @@ class TokenizerManager:
             warmups.append(TokenizedGenerateReq(rid=f"{base_rids[i]}_prefill", input_ids=ids, sampling_params=prefill))
             one = msgspec.structs.replace(params, n=1)
             msgs.extend(msg(i, ids, one, f"{base_rids[i]}_{j}", req.stream) for j in range(n))
+        seen: set[str] = set()
         for m in warmups + msgs:
-            if m.rid in self.states:
+            if m.rid in self.states or m.rid in seen:
                 raise InvalidRequestError(f"request id {m.rid!r} is already in use")
+            seen.add(m.rid)
+            try:  # everything must cross the wire: fail here (400), before any state is registered
+                encode(m)
+            except (OverflowError, msgspec.EncodeError, ValueError, TypeError) as e:
+                raise InvalidRequestError(f"a value of the request is out of range: {e}") from None
         return PreparedRequest(warmups, msgs, req.is_batch or n > 1, req.return_text_in_logprobs, created)
 
     async def generate(self, prep: PreparedRequest, is_disconnected: Callable[[], Awaitable[bool]]

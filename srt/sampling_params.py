@@ -11,6 +11,7 @@ with unset ones as JSON ``null``.
 from __future__ import annotations
 
 import math
+import re
 from typing import Any, Optional, Union
 
 import msgspec
@@ -29,6 +30,8 @@ class SamplingParams(msgspec.Struct, kw_only=True):
         max_new_tokens: cap on generated tokens (default 128); 0 only prefills and caches the prompt.
         min_new_tokens: EOS and ``stop_token_ids`` are masked until this many tokens exist.
         stop: stop strings (str or list of str); matched across token boundaries.
+        stop_regex: regular expressions (Python ``re``) searched in the recent output text; the
+            match is kept in the text and reported as ``finish_reason.matched``.
         stop_token_ids: extra token ids that end generation.
         temperature: softmax temperature; below 1e-6 means greedy.
         top_p: nucleus mass in (0, 1]. top_k: -1 = whole vocabulary, else >= 1.
@@ -46,6 +49,7 @@ class SamplingParams(msgspec.Struct, kw_only=True):
     min_new_tokens: int = 0
     stop: Optional[Union[str, list[str]]] = None
     stop_token_ids: Optional[list[int]] = None
+    stop_regex: Optional[Union[str, list[str]]] = None
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
@@ -100,6 +104,11 @@ class SamplingParams(msgspec.Struct, kw_only=True):
             return []
         return [self.stop] if isinstance(self.stop, str) else list(self.stop)
 
+    def stop_regexes(self) -> list[str]:
+        if self.stop_regex is None:
+            return []
+        return [self.stop_regex] if isinstance(self.stop_regex, str) else list(self.stop_regex)
+
     def verify(self, vocab_size: int) -> None:
         """Check ranges; raise ``SamplingParamsError`` with a message naming the field."""
         def finite(name: str, v: float) -> None:
@@ -140,6 +149,11 @@ class SamplingParams(msgspec.Struct, kw_only=True):
         for s in self.stop_strs():
             if not s:
                 raise SamplingParamsError("stop strings must be non-empty")
+        for pattern in self.stop_regexes():
+            try:
+                re.compile(pattern)
+            except re.error as e:
+                raise SamplingParamsError(f"stop_regex {pattern!r} is not a valid regular expression: {e}") from None
         for key, bias in (self.logit_bias or {}).items():
             try:
                 tid = int(key)

@@ -159,3 +159,15 @@ def test_bad_input_is_a_typed_error_and_engine_survives(engine, kwargs, fragment
     with pytest.raises(InvalidRequestError, match=fragment):
         engine.generate(**kwargs)
     assert engine.generate("Lily", GREEDY)["meta_info"]["completion_tokens"] == 8
+
+
+def test_stop_regex_and_empty_list(engine):
+    full = engine.generate("Once upon a time", {"temperature": 0, "max_new_tokens": 30})["text"]
+    out = engine.generate("Once upon a time", {"temperature": 0, "max_new_tokens": 30, "stop_regex": [r"girl \w+ed"]})
+    assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": r"girl \w+ed"}
+    assert out["text"] == full[:full.index("girl named") + len("girl named")]
+    # SGLang's frontend sends stop_regex: [] with every gen.
+    same = engine.generate("Once upon a time", {"temperature": 0, "max_new_tokens": 30, "stop_regex": []})
+    assert same["text"] == full
+    with pytest.raises(InvalidRequestError, match="stop_regex"):
+        engine.generate("Hi", {"stop_regex": "(unclosed"})

@@ -362,6 +362,7 @@ def _batch(entries: list[dict]) -> BatchTokenOut:
         spaces_between_special_tokens=[True] * n,
         no_stop_trim=col("no_stop_trim", False),
         stop_strs=col("stops", None),
+        input_tail_ids=col("context", None),
         output_token_logprobs=[None] * n,
         output_top_logprobs=[None] * n,
         input_token_logprobs=[None] * n,
@@ -427,3 +428,16 @@ def test_manager_abort_without_output(stories):
     fin = FinishReason(type="abort", message="too long", status_code=400)
     out = mgr.handle(_batch([{"rid": "x", "ids": [], "finish": fin}]))
     assert out.output_strs == [""] and len(mgr) == 0
+
+
+def test_prompt_context_keeps_the_first_tokens_leading_space(stories):
+    """SentencePiece drops the leading space of a sequence's first token: decoding the output after
+    the prompt's last ids keeps it (the output text reads as it does after the prompt)."""
+    prompt = stories.encode("Once upon a time, there")
+    full = stories.encode("Once upon a time, there was a dog")
+    assert full[:len(prompt)] == prompt
+    out_ids = full[len(prompt):]
+    mgr = DetokenizerManager(stories)
+    first = mgr.handle(_batch([{"rid": "a", "ids": out_ids[:1], "context": prompt[-5:]}])).output_strs[0]
+    rest = mgr.handle(_batch([{"rid": "a", "ids": out_ids[1:], "finish": FinishReason(type="length", length=len(out_ids))}]))
+    assert first + rest.output_strs[0] == " was a dog"

@@ -32,6 +32,7 @@ def _token_out(rid: str = "r1", ids: list[int] | None = None, finish=None) -> io
         spaces_between_special_tokens=[True],
         no_stop_trim=[False],
         stop_strs=[["END"]],
+        input_tail_ids=[[1, 5]],
         output_token_logprobs=[[-0.5, -1.25]],
         output_top_logprobs=[[[(-0.5, 317)], [(-1.25, 352), (-2.0, 3)]]],
         input_token_logprobs=[[None, -3.0]],
