@@ -175,7 +175,10 @@ async def _serve(args: ServerArgs, children: list[_Child], tokenizer: Any, model
                   "is_generation": True, "preferred_sampling_params": None, "weight_version": "default",
                   "has_image_understanding": False, "model_type": getattr(hf, "model_type", None),
                   "architectures": list(getattr(hf, "architectures", None) or [model_config.architecture]),
-                  "context_length": model_config.context_len}
+                  "context_length": model_config.context_len,
+                  # The Jinja chat template the server renders /v1/chat/completions with (None if the
+                  # model has none), so remote frontends format roles the same way.
+                  "chat_template": _chat_template_text(args, tokenizer)}
     metrics = ServerMetrics(str(model_info["served_model_name"]))
     tm = TokenizerManager(args, tokenizer, model_config.vocab_size, model_config.context_len, paths, metrics)
     tm.start()
@@ -236,6 +239,17 @@ def _stop_children(children: list[_Child]) -> None:
         child.pipe.close()
     if children:
         logger.info("all processes stopped")
+
+
+def _chat_template_text(args: ServerArgs, tokenizer: Any) -> Optional[str]:
+    if args.chat_template:
+        try:
+            with open(args.chat_template, encoding="utf-8") as f:
+                return f.read()
+        except OSError:
+            return None  # the chat route reports the unreadable file
+    template = getattr(tokenizer, "chat_template", None)
+    return template if isinstance(template, str) else None
 
 
 if __name__ == "__main__":

@@ -150,3 +150,9 @@ def test_runtime_endpoint_replay(http):
     server_info = http.get("/server_info").json()
     assert "max_total_num_tokens" in server_info and "version" in server_info
     assert http.get("/model_info").json() == info
+
+
+def test_model_info_reports_chat_template(server, http):
+    info = http.get("/get_model_info").json()
+    assert "chat_template" in info  # stories260K has none: null
+    assert info["chat_template"] is None
