@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = Path(os.environ.get("RADIXLM_SHARED", REPO.parent / "shared"))
+SHARED = Path(os.environ.get("RADIXLM_SHARED", REPO.parent / "shared")).resolve()  # servers report resolved paths
 STORIES_HF = SHARED / "models" / "stories260k-hf"
 STORIES_GGUF = SHARED / "models" / "stories260k" / "stories260K.gguf"
 
