@@ -228,9 +228,10 @@ class IncrementalDetokenizer:
             logger.warning("stop token %s was already streamed before its finish reason", matched)
         tail = self.decoded_text[self.sent_offset :]
         if finish.type == "stop" and isinstance(matched, str) and matched and not self.no_stop_trim:
-            # Text already sent never contains the stop string (it was held back), so the first
-            # occurrence in the unsent region is the one that stopped generation.
-            cut = tail.find(matched)
+            # The scheduler stops on an occurrence ending in the newest token, so the last
+            # occurrence is the one that stopped generation (earlier ones were forced by
+            # min_new_tokens).
+            cut = tail.rfind(matched)
             if cut >= 0:
                 tail = tail[:cut]
         self.decoded_text = self.decoded_text[: self.sent_offset] + tail

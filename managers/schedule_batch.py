@@ -112,9 +112,12 @@ class Req:
             if self.stop_strs:
                 longest = max(len(s) for s in self.stop_strs)
                 # A character may take up to 4 byte-fallback tokens; 2 more for merges at the edge.
-                tail = decode_text(self.output_ids[-(4 * longest + 2):])
+                window = self.output_ids[-(4 * longest + 2):]
+                tail, before = decode_text(window), decode_text(window[:-1])
                 for s in self.stop_strs:
-                    if s in tail:
+                    # Only an occurrence ending in the newest token counts: an older one was
+                    # generated while min_new_tokens still forced the output on.
+                    if tail.find(s, max(0, len(before) - len(s) + 1)) >= 0:
                         self.finished_reason = FinishReason(type="stop", matched=s)
                         return
             if self.stop_regexes:

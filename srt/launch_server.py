@@ -85,6 +85,10 @@ def launch_server(args: ServerArgs) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
+    port_error = _port_unavailable(args.host, args.port)
+    if port_error is not None:
+        logger.error("%s", port_error)  # before loading anything: fail in a second, not a minute
+        return 1
     children: list[_Child] = []
     paths = None
     try:
@@ -171,7 +175,7 @@ async def _serve(args: ServerArgs, children: list[_Child], tokenizer: Any, model
     hf = model_config.hf_config
     model_info = {"model_path": args.model_path or model_config.model_path,
                   "tokenizer_path": args.tokenizer_path or model_config.model_path,
-                  "served_model_name": args.served_model_name or args.model_path or model_config.model_path,
+                  "served_model_name": args.served_model_name or args.model_path or DEMO_MODEL_NAME,
                   "is_generation": True, "preferred_sampling_params": None, "weight_version": "default",
                   "has_image_understanding": False, "model_type": getattr(hf, "model_type", None),
                   "architectures": list(getattr(hf, "architectures", None) or [model_config.architecture]),
@@ -239,6 +243,22 @@ def _stop_children(children: list[_Child]) -> None:
         child.pipe.close()
     if children:
         logger.info("all processes stopped")
+
+
+DEMO_MODEL_NAME = "SmolLM2-135M-Instruct"  # what a server started without --model-path reports
+
+
+def _port_unavailable(host: str, port: int) -> Optional[str]:
+    """A one-line reason when ``host:port`` cannot be bound (in use, no permission), else None."""
+    import socket
+
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            sock.bind((host, port))
+        except OSError as e:
+            return f"cannot listen on {host}:{port}: {e.strerror or e}"
+    return None
 
 
 def _chat_template_text(args: ServerArgs, tokenizer: Any) -> Optional[str]:

@@ -171,3 +171,15 @@ def test_stop_regex_and_empty_list(engine):
     assert same["text"] == full
     with pytest.raises(InvalidRequestError, match="stop_regex"):
         engine.generate("Hi", {"stop_regex": "(unclosed"})
+
+
+def test_min_new_tokens_then_stop_string_keeps_forced_tokens(engine):
+    full = engine.generate("Once upon a time", {"temperature": 0, "max_new_tokens": 30})
+    # The greedy text has "." after "park"; with min_new_tokens past the first "," the stop on ","
+    # must come from a later occurrence, and the forced tokens stay in the text.
+    first_comma = full["text"].index(",")
+    out = engine.generate("Once upon a time", {"temperature": 0, "max_new_tokens": 30, "stop": ",",
+                                               "min_new_tokens": 3})
+    assert out["meta_info"]["completion_tokens"] >= 3
+    assert len(out["text"]) > first_comma and out["text"] == full["text"][:len(out["text"])]
+    assert not out["text"].endswith(",")

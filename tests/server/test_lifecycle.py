@@ -102,3 +102,22 @@ def test_children_exit_when_the_launcher_is_killed(launch, stories_path):
     while os.path.exists(ipc_dir) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not os.path.exists(ipc_dir)
+
+
+def test_port_in_use_fails_fast_with_one_line(stories_path):
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        t0 = time.monotonic()
+        proc = subprocess.run([sys.executable, "-m", "radixlm.srt.launch_server", "--model-path", stories_path,
+                               "--host", "127.0.0.1", "--port", str(port)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    assert f"cannot listen on 127.0.0.1:{port}" in proc.stderr + proc.stdout
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert time.monotonic() - t0 < 60  # no model was loaded
