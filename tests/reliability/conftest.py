@@ -1,0 +1,72 @@
+"""Fixtures and checks of the reliability suite: real servers (``tests/server/helpers.py``), the
+idle-pool check, the "leak" log check and per-process RSS."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Optional
+
+import httpx
+import pytest
+
+from tests.server.helpers import START_TIMEOUT_S, ServerProcess, descendants, wait_idle
+
+REPO = Path(__file__).resolve().parents[2]
+CHAT_TEMPLATE = str(Path(__file__).with_name("chatml.jinja"))  # stories260K has no chat template of its own
+
+
+@pytest.fixture(scope="module")
+def launch():
+    """Factory ``launch(args) -> ServerProcess``; every server still running at the end of the module
+    is stopped and must exit cleanly with no orphan process."""
+    started: list[ServerProcess] = []
+
+    def _launch(args: list[str], api_key: Optional[str] = None, timeout_s: float = START_TIMEOUT_S) -> ServerProcess:
+        server = ServerProcess.start(args, api_key=api_key, timeout_s=timeout_s)
+        started.append(server)
+        return server
+
+    yield _launch
+    for server in started:
+        if server.proc.poll() is None:
+            assert server.stop() == 0, server.log()[-3000:]
+        os.unlink(server.log_path)
+
+
+def app_routes(http: httpx.Client) -> set[str]:
+    return set(http.get("/openapi.json").json()["paths"])
+
+
+def assert_pool_free_after_flush(http: httpx.Client, idle_timeout_s: float = 30.0) -> dict:
+    """Idle, ``/flush_cache`` succeeds, and every KV token is free again."""
+    wait_idle(http, timeout_s=idle_timeout_s)
+    resp = http.post("/flush_cache")
+    assert resp.status_code == 200, resp.text
+    state = http.get("/get_server_info").json()["internal_state"]
+    assert state["available_size"] == state["max_total_num_tokens"], state
+    assert state["evictable_size"] == 0 and state["protected_size"] == 0, state
+    return state
+
+
+def assert_clean_log(server: ServerProcess) -> None:
+    """No leak report, no internal error, no traceback in the server's log."""
+    bad = [line for line in server.log().splitlines()
+           if "leak" in line.lower() or "Traceback" in line or "internal error" in line]
+    assert not bad, "\n".join(bad[:20]) + "\n---\n" + server.log()[-4000:]
+
+
+def rss_mb(pid: int) -> float:
+    """VmRSS of one process in MiB (0 if it is gone)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def process_rss(server: ServerProcess) -> dict[int, float]:
+    """RSS (MiB) of the launcher and each of its descendants (scheduler, detokenizer, ...)."""
+    return {pid: rss_mb(pid) for pid in [server.proc.pid, *descendants(server.proc.pid)]}

@@ -1,0 +1,119 @@
+"""Limits: request body size (413), queue full (503 with Retry-After), max_new_tokens beyond the
+context (400), fan-out of one request (prompts x n, 400). One server: 1 running + 0 queued."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import pytest
+
+from .conftest import app_routes, assert_pool_free_after_flush
+
+BODY_LIMIT = 32 << 20  # radixlm.srt.http_server.MAX_REQUEST_BODY_BYTES
+
+
+@pytest.fixture(scope="module")
+def server(launch, stories_path):
+    return launch(["--model-path", stories_path, "--max-total-tokens", "3000", "--max-running-requests", "1",
+                   "--max-queued-requests", "0", "--log-level", "info"])
+
+
+@pytest.fixture(scope="module")
+def http(server):
+    with server.client(timeout=60) as client:
+        yield client
+
+
+def _still_serves(http: httpx.Client) -> None:
+    resp = http.post("/generate", json={"text": "Lily", "sampling_params": {"temperature": 0, "max_new_tokens": 2}})
+    assert resp.status_code == 200, resp.text
+
+
+@pytest.mark.parametrize("path", ["/generate", "/v1/completions"])
+def test_body_over_the_limit_is_413(http, path):
+    if path not in app_routes(http):
+        pytest.skip(f"no {path}")
+    text = "a " * ((BODY_LIMIT // 2) + 10)
+    field = "text" if path == "/generate" else "prompt"
+    resp = http.post(path, json={field: text})  # with Content-Length: refused before it is read
+    assert resp.status_code == 413, resp.text[:300]
+    assert "larger than" in resp.json()["error"]["message"]
+    _still_serves(http)
+
+
+def test_chunked_body_over_the_limit_is_413(http):
+    chunk = b" " * (1 << 20)
+
+    def body():  # no Content-Length: the limit is enforced while reading
+        yield b'{"text": "a"'
+        for _ in range(BODY_LIMIT // len(chunk) + 2):
+            yield chunk
+        yield b"}"
+
+    try:
+        resp = http.post("/generate", content=body(), headers={"content-type": "application/json"})
+        assert resp.status_code == 413, resp.text[:300]
+    except httpx.WriteError:
+        pass  # the server answered and closed while we were still sending: also a refusal
+    _still_serves(http)
+
+
+def test_body_under_the_limit_is_served(http):
+    resp = http.post("/generate", content=b'{"text": "Lily", "sampling_params": {"max_new_tokens": 1}}'
+                     + b" " * (4 << 20), headers={"content-type": "application/json"})
+    assert resp.status_code == 200, resp.text
+
+
+def test_queue_full_is_503_with_retry_after(http, server):
+    done: list = []
+
+    def long_request() -> None:
+        with server.client(timeout=120) as c:
+            done.append(c.post("/generate", json={"text": "Once", "rid": "hog",
+                                                  "sampling_params": {"max_new_tokens": 1800, "ignore_eos": True}}))
+
+    thread = threading.Thread(target=long_request)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while http.get("/get_server_info").json()["internal_state"]["num_running_reqs"] == 0:
+            assert time.monotonic() < deadline, "the long request never started"
+            time.sleep(0.05)
+        paths = [("/generate", {"text": "Lily"})]
+        if "/v1/completions" in app_routes(http):
+            paths.append(("/v1/completions", {"prompt": "Lily", "max_tokens": 2}))
+        for path, body in paths:
+            resp = http.post(path, json=body)
+            assert resp.status_code == 503, resp.text
+            assert resp.headers.get("retry-after", "").isdigit(), (path, dict(resp.headers))
+            assert resp.json()["error"]["message"]
+    finally:
+        http.post("/abort_request", json={"rid": "hog"})
+        thread.join(60)
+    assert done and done[0].status_code == 200 and done[0].json()["meta_info"]["finish_reason"]["type"] == "abort"
+    _still_serves(http)
+
+
+def test_max_new_tokens_beyond_context_is_400(http):
+    resp = http.post("/generate", json={"text": "Lily", "sampling_params": {"max_new_tokens": 5000}})
+    assert resp.status_code == 400 and "context length" in resp.json()["error"]["message"]
+    if "/v1/completions" in app_routes(http):
+        resp = http.post("/v1/completions", json={"prompt": "Lily", "max_tokens": 5000})
+        assert resp.status_code == 400, resp.text
+
+
+@pytest.mark.parametrize("body", [
+    {"text": "a", "sampling_params": {"max_new_tokens": 1, "n": 1025}},
+    {"text": ["a"] * 513, "sampling_params": {"max_new_tokens": 1, "n": 2}},
+    {"input_ids": [[5]] * 1025, "sampling_params": {"max_new_tokens": 1}},
+], ids=["n", "prompts-x-n", "prompts"])
+def test_fan_out_of_one_request_is_bounded(http, body):
+    resp = http.post("/generate", json=body)
+    assert resp.status_code == 400, resp.text[:300]
+    assert "1024" in resp.json()["error"]["message"]
+
+
+def test_pool_free_at_the_end(http):
+    assert_pool_free_after_flush(http)
