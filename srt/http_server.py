@@ -33,6 +33,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from radixlm.managers.tokenizer_manager import ClientDisconnected, GenerateRequest, RequestError, TokenizerManager
 from radixlm.managers.validation import InvalidRequestError
+from radixlm.srt.openai_api.common import validation_message
 from radixlm.srt.openai_api.protocol import openai_error_body
 from radixlm.srt.openai_api.router import create_openai_router
 
@@ -144,28 +145,8 @@ class AbortReqInput(BaseModel):
 
 # ---- errors ---------------------------------------------------------------------------------------
 def _format_validation_errors(errors: list[dict]) -> str:
-    """One clause per offending field, e.g. ``input_ids.1: Input should be a valid integer``; the
-    branches of a union (``str`` / ``list[str]``) are merged into one clause."""
-    if any(e.get("type") == "json_invalid" for e in errors):
-        detail = next(e for e in errors if e.get("type") == "json_invalid").get("ctx", {}).get("error", "")
-        return f"malformed JSON body: {detail}".rstrip(": ")
-    by_field: dict[str, list[tuple[list[str], str]]] = {}
-    for e in errors:
-        loc = [str(p) for p in e.get("loc", ()) if p != "body" and not _is_type_tag(p)]
-        msg = str(e.get("msg", "invalid")).replace("Value error, ", "")
-        by_field.setdefault(loc[0] if loc else "", []).append((loc, msg))
-    clauses = []
-    for errs in by_field.values():
-        depth = max(len(loc) for loc, _ in errs)  # the union branch that got furthest explains best
-        deepest = [(loc, msg) for loc, msg in errs if len(loc) == depth]
-        msgs = list(dict.fromkeys(msg for _, msg in deepest))
-        clauses.append(f"{'.'.join(deepest[0][0]) or 'request body'}: {' or '.join(msgs)}")
-    return "invalid request: " + "; ".join(clauses)
-
-
-def _is_type_tag(part: object) -> bool:
-    """pydantic names union branches in ``loc`` by their type (``str``, ``list[int]``, ...)."""
-    return isinstance(part, str) and (part in ("str", "int", "float", "bool") or "[" in part)
+    """One clause per offending field, e.g. ``input_ids.1: Input should be a valid integer``."""
+    return validation_message(errors, rewrite_extra_fields=False)[0]
 
 
 def error_response(exc: BaseException) -> Response:

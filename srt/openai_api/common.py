@@ -191,17 +191,18 @@ def error_json(exc: BaseException) -> Response:
     return Response(msgspec.json.encode(body), status_code=status, media_type="application/json")
 
 
-def validation_message(errors: list[dict]) -> tuple[str, Optional[str]]:
+def validation_message(errors: list[dict], rewrite_extra_fields: bool = True) -> tuple[str, Optional[str]]:
     """pydantic errors -> one message with a clause per field, and the first field as ``param``.
-    Union branches (``loc`` parts such as ``list[int]``) are merged: the deepest branch explains."""
+    Union branches (``loc`` parts such as ``list[int]``) are merged: the deepest branch explains.
+    Shared by the native API (``rewrite_extra_fields=False`` keeps pydantic's wording) and /v1."""
     if any(e.get("type") == "json_invalid" for e in errors):
         detail = next(e for e in errors if e.get("type") == "json_invalid").get("ctx", {}).get("error", "")
         return f"malformed JSON body: {detail}".rstrip(": "), None
     by_field: dict[str, list[tuple[list[str], str]]] = {}
     for e in errors:
-        loc = [str(p) for p in e.get("loc", ()) if not _is_type_tag(p)]
+        loc = [str(p) for p in e.get("loc", ()) if p != "body" and not _is_type_tag(p)]
         msg = str(e.get("msg", "invalid")).replace("Value error, ", "")
-        if e.get("type") == "extra_forbidden":
+        if rewrite_extra_fields and e.get("type") == "extra_forbidden":
             msg = "unknown field (not supported by this server)"
         by_field.setdefault(loc[0] if loc else "", []).append((loc, msg))
     clauses, params = [], []
@@ -215,6 +216,7 @@ def validation_message(errors: list[dict]) -> tuple[str, Optional[str]]:
 
 
 def _is_type_tag(part: object) -> bool:
+    """pydantic names union branches and validators in ``loc`` (``str``, ``list[int]``, ``function-...``)."""
     if isinstance(part, str) and part.startswith("function-"):
         return True
     return isinstance(part, str) and (part in ("str", "int", "float", "bool") or "[" in part)
