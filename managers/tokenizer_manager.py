@@ -31,6 +31,7 @@ from radixlm.managers.io_struct import (AbortReq, BatchStrOut, FlushCacheOut, Fl
 from radixlm.managers.ipc import AsyncPullReceiver, IpcPaths, PushSender
 from radixlm.managers.response import ResponseAccumulator
 from radixlm.managers.validation import InvalidRequestError, validate_generate_input
+from radixlm.srt.errors import native_error_body
 from radixlm.srt.sampling_params import SamplingParams, SamplingParamsError
 
 logger = logging.getLogger(__name__)
@@ -221,7 +222,7 @@ class TokenizerManager:
     async def generate_stream(self, prep: PreparedRequest, is_disconnected: Callable[[], Awaitable[bool]]
                               ) -> AsyncIterator[dict]:
         """Yield one cumulative response dict per update of each rid (with ``index`` for a batch);
-        a rid the scheduler rejected yields ``{"error": {"message", "code"}}`` instead of its last
+        a rid the scheduler rejected yields ``{"error": {"message", "type", "code"}}`` instead of its last
         event. Raises as ``generate`` does (before or during the stream)."""
         seen: dict[str, int] = {}
         async for states in self._updates(prep, is_disconnected):
@@ -231,7 +232,7 @@ class TokenizerManager:
                 seen[s.msg.rid] = s.updates
                 fr = s.acc.finish_reason
                 if fr is not None and fr.type == "abort" and fr.status_code is not None:
-                    yield {"error": {"message": fr.message, "code": fr.status_code}}
+                    yield native_error_body(fr.message or "request aborted", fr.status_code)
                     continue
                 out = s.acc.result()
                 if prep.is_batch:

@@ -10,9 +10,10 @@ in through those arguments (no module-level state). Routes:
 - ``GET|POST /flush_cache`` (400 while requests run), ``POST /abort_request``, ``GET /metrics``.
 
 The OpenAI-compatible ``/v1/*`` routes come from ``radixlm.srt.openai_api.router``; their errors
-(also 401 and unknown ``/v1`` routes) are OpenAI-shaped, ``{"error": {"message", "type", "param",
-"code"}}``. Every other error is ``{"error": {"message": str}}`` with its HTTP status, built by
-``error_response`` (the one exception-to-response mapping): bad input 400, missing/wrong API key
+(also 401, 404/405 and 413 under ``/v1/``) are OpenAI-shaped, ``{"error": {"message", "type", "param",
+"code"}}``. Every other error, including 404/405 of unknown paths and methods, is the native
+``{"error": {"message": str, "type": str, "code": <HTTP status>}}`` (``radixlm.srt.errors``), built
+by ``error_response`` (the one exception-to-response mapping): bad input 400, missing/wrong API key
 401, overload or a dead scheduler 503 (with ``Retry-After``), a body over ``MAX_REQUEST_BODY_BYTES``
 413 (``LimitsMiddleware``).
 """
@@ -25,7 +26,6 @@ from typing import Any, Optional, Union
 
 import msgspec
 from fastapi import FastAPI, Request
-from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
@@ -33,6 +33,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from radixlm.managers.tokenizer_manager import ClientDisconnected, GenerateRequest, RequestError, TokenizerManager
 from radixlm.managers.validation import InvalidRequestError
+from radixlm.srt.errors import native_error_body
 from radixlm.srt.openai_api.common import validation_message
 from radixlm.srt.openai_api.protocol import openai_error_body
 from radixlm.srt.openai_api.router import create_openai_router
@@ -160,7 +161,7 @@ def error_response(exc: BaseException) -> Response:
     else:
         logger.error("internal error", exc_info=exc)
         status, message = 500, f"internal server error: {type(exc).__name__}: {exc}"
-    return json_response({"error": {"message": message}}, status)
+    return json_response(native_error_body(message, status), status)
 
 
 def json_response(obj: Any, status: int = 200) -> Response:
@@ -182,7 +183,7 @@ class ApiKeyMiddleware:
             if not hmac.compare_digest(got, self.expected):
                 message = "invalid or missing API key (Authorization: Bearer KEY)"
                 body = (openai_error_body(message, 401, code="invalid_api_key") if scope["path"].startswith("/v1/")
-                        else {"error": {"message": message}})
+                        else native_error_body(message, 401))
                 await json_response(body, 401)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
@@ -227,7 +228,7 @@ class LimitsMiddleware:
                 break
         if too_big:
             text = f"request body larger than {self.max_body} bytes"
-            body = openai_error_body(text, 413) if scope["path"].startswith("/v1/") else {"error": {"message": text}}
+            body = openai_error_body(text, 413) if scope["path"].startswith("/v1/") else native_error_body(text, 413)
             await json_response(body, 413)(scope, receive, send)
             return
         pending = [{"type": "http.disconnect"} if disconnected else
@@ -266,14 +267,14 @@ def create_app(tm: TokenizerManager, server_args: Any, model_info: dict, metrics
     @app.get("/health")
     async def health() -> Response:
         if tm.dead is not None:
-            return json_response({"error": {"message": tm.dead}}, 503)
+            return json_response(native_error_body(tm.dead, 503), 503)
         return Response(status_code=200)
 
     @app.get("/health_generate")
     async def health_generate() -> Response:
         if await tm.health_generate():
             return Response(status_code=200)
-        return json_response({"error": {"message": "health check generation did not finish in time"}}, 503)
+        return json_response(native_error_body("health check generation did not finish in time", 503), 503)
 
     @app.get("/get_model_info")
     @app.get("/model_info")
@@ -317,11 +318,14 @@ def create_app(tm: TokenizerManager, server_args: Any, model_info: dict, metrics
 
 
 async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
-    """404/405 of the router: OpenAI's error shape under ``/v1/``, FastAPI's default elsewhere."""
-    if not request.url.path.startswith("/v1/"):
-        return await http_exception_handler(request, exc)
+    """404/405 of the router: OpenAI's error shape under ``/v1/``, the native one elsewhere; keeps
+    the exception's headers (``Allow`` of a 405)."""
     message = f"{exc.detail}: {request.method} {request.url.path}"
-    return json_response(openai_error_body(message, exc.status_code), exc.status_code)
+    body = (openai_error_body(message, exc.status_code) if request.url.path.startswith("/v1/")
+            else native_error_body(message, exc.status_code))
+    response = json_response(body, exc.status_code)
+    response.headers.update(exc.headers or {})
+    return response
 
 
 async def _sse(tm: TokenizerManager, prep: Any, request: Request) -> Any:
@@ -332,5 +336,5 @@ async def _sse(tm: TokenizerManager, prep: Any, request: Request) -> Any:
     except ClientDisconnected:
         return
     except RequestError as e:
-        yield b"data: " + msgspec.json.encode({"error": {"message": e.message, "code": e.status_code}}) + b"\n\n"
+        yield b"data: " + msgspec.json.encode(native_error_body(e.message, e.status_code)) + b"\n\n"
     yield b"data: [DONE]\n\n"

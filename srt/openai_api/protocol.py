@@ -16,11 +16,10 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from radixlm.srt.errors import error_type
+
+
 # ---- errors ----------------------------------------------------------------------------------------
-_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-                422: "invalid_request_error", 499: "client_closed_request", 503: "service_unavailable_error"}
-
-
 class OpenAIError(Exception):
     """A client-visible error of the OpenAI routes: HTTP ``status``, the offending ``param`` (a
     request field path such as ``messages.0.role``) and an optional machine-readable ``code``."""
@@ -35,8 +34,7 @@ class OpenAIError(Exception):
 
 def openai_error_body(message: str, status: int, param: Optional[str] = None, code: Optional[str] = None) -> dict:
     """OpenAI's error object for an HTTP status (``type`` derived from it; 5xx -> ``server_error``)."""
-    err_type = _ERROR_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
-    return {"error": {"message": message, "type": err_type, "param": param,
+    return {"error": {"message": message, "type": error_type(status), "param": param,
                       "code": code if code is not None else (None if status < 500 else str(status))}}
 
 

@@ -5,7 +5,7 @@ Bodies start from a valid request and get 0-3 mutations (wrong types, missing an
 huge / negative numbers, NaN / Infinity as JSON tokens and as strings, unicode edge cases, lists
 where scalars belong), then are encoded in one of several ways (plain JSON, raw UTF-8 with lone
 surrogates as bytes, deep nesting, truncation, a large padding field). Property: every answer is a
-2xx, or a 4xx with ``{"error": {"message": str}}``; never a 5xx, never a hang (client timeout);
+2xx, or a 4xx with ``{"error": {"message": str, "type": str, ...}}``; never a 5xx, never a hang (client timeout);
 ``/health`` stays 200. At the end the scheduler is idle, ``/flush_cache`` frees the whole KV pool
 and the log has no traceback, internal error or leak report.
 
@@ -177,6 +177,9 @@ def check_answer(resp: httpx.Response) -> None:
     if status >= 400:
         error = resp.json()["error"]
         assert isinstance(error["message"], str) and error["message"], resp.text
+        assert isinstance(error["type"], str) and error["type"], resp.text
+        if not resp.request.url.path.startswith("/v1/"):  # native: code is the HTTP status
+            assert error["code"] == status, resp.text
     elif resp.headers.get("content-type", "").startswith("text/event-stream"):
         for line in resp.text.splitlines():
             if line:
