@@ -3,6 +3,7 @@
 ``radixlm serve [server flags]`` runs the HTTP server (same flags as
 ``python -m radixlm.srt.launch_server``; with no ``--model-path`` it serves the SmolLM2 demo model).
 ``radixlm bench serving [flags]`` runs ``benchmarks/bench_serving.py`` (a source checkout's, loaded by path).
+``radixlm --version`` prints ``radixlm <version>`` (the installed distribution's).
 Kept import-light: nothing heavy is imported until a subcommand runs.
 """
 
@@ -16,6 +17,9 @@ _USAGE = """usage: radixlm <command> [args]
 commands:
   serve   start the HTTP server (radixlm serve --help for its flags)
   bench   benchmark running servers: radixlm bench serving --help
+
+options:
+  --version  print the installed version and exit
 """
 
 
@@ -25,6 +29,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     if not args or args[0] in ("-h", "--help"):
         print(_USAGE, end="")
         return 0 if args else 2
+    if args[0] in ("-V", "--version"):
+        print(f"radixlm {installed_version()}")
+        return 0
     command, rest = args[0], args[1:]
     if command == "serve":
         from radixlm.srt.launch_server import main as serve_main
@@ -34,6 +41,19 @@ def main(argv: Optional[list[str]] = None) -> int:
         return _bench(rest)
     print(f"radixlm: unknown command {command!r}\n\n{_USAGE}", file=sys.stderr, end="")
     return 2
+
+
+def installed_version() -> str:
+    """The version of the installed ``radixlm`` distribution (its metadata; ``radixlm.__version__``
+    when the package runs from a checkout that was never installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("radixlm")
+    except PackageNotFoundError:
+        from radixlm import __version__
+
+        return __version__
 
 
 def _bench(args: list[str]) -> int:
