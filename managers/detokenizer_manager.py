@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Optional
 
 from radixlm.managers.io_struct import BatchStrOut, BatchTokenOut, FinishReason
+from radixlm.managers.startup_error import report_startup_failure
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
@@ -328,8 +329,8 @@ def run_detokenizer_process(
         tokenizer_path: a resolved model folder (or tokenizer folder).
         paths: an ``ipc.IpcPaths``.
         ready_pipe: a ``multiprocessing`` Connection (or None). It receives exactly the str
-            ``"ready"`` once the sockets are up, and ``"error: <traceback>"`` if the process fails
-            (before or after ready).
+            ``"ready"`` once the sockets are up; ``"error: <one-line reason>"`` if setting up fails
+            (``startup_error``), ``"error: <traceback>"`` if it crashes after ready.
 
     Exits with status 0 on SIGTERM/SIGINT or when its parent dies, 1 on any error (logged).
     """
@@ -349,6 +350,12 @@ def run_detokenizer_process(
         sender = PushSender(ctx, paths.tokenizer_input, bind=False)
         sockets.append(sender)
         manager = DetokenizerManager(_load_tokenizer(tokenizer_path))
+    except Exception as exc:
+        report_startup_failure(logger, "detokenizer", exc, ready_pipe)
+        _close(sockets, ctx)
+        logging.shutdown()
+        os._exit(1)
+    try:
         if ready_pipe is not None:
             ready_pipe.send("ready")
         _serve(manager, receiver, sender, stopping, parent_pid)

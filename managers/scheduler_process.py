@@ -26,6 +26,8 @@ if TYPE_CHECKING:
     from radixlm.managers.scheduler import Scheduler
     from radixlm.srt.server_args import ServerArgs
 
+from radixlm.managers.startup_error import report_startup_failure
+
 logger = logging.getLogger(__name__)
 
 _IDLE_POLL_MS = 50
@@ -45,11 +47,12 @@ def run_scheduler_process(server_args: "ServerArgs", paths: "IpcPaths", tp_rank:
         server_args: with ``model_path`` already resolved to a local folder by the launcher.
         paths: the launch's ``IpcPaths``.
         tp_rank: this process's rank; rank 0 owns the sockets and broadcasts what it receives.
-        ready_pipe: receives the str ``"ready"`` once the model is loaded and the sockets are up, or
-            ``"error: <traceback>"`` if the process fails (before or after ready).
+        ready_pipe: receives the str ``"ready"`` once the model is loaded and the sockets are up;
+            ``"error: <one-line reason>"`` if setting up fails (``startup_error``), or
+            ``"error: <traceback>"`` if the process crashes after ready.
 
-    Exits 0 on SIGTERM/SIGINT or when the parent dies; 1 with the traceback logged on any error
-    (through ``os._exit``, skipping interpreter teardown).
+    Exits 0 on SIGTERM/SIGINT or when the parent dies; 1 on any error, logged (through
+    ``os._exit``, skipping interpreter teardown).
     """
     import zmq
 
@@ -67,6 +70,11 @@ def run_scheduler_process(server_args: "ServerArgs", paths: "IpcPaths", tp_rank:
     sockets: list[Any] = []
     try:
         scheduler, receiver, reply, tp = _build(server_args, paths, ctx, sockets, tp_rank)
+    except Exception as exc:
+        report_startup_failure(logger, "scheduler" if tp_rank == 0 else f"scheduler-tp{tp_rank}", exc, ready_pipe)
+        _close(sockets, ctx)
+        _exit_now(1)
+    try:
         if ready_pipe is not None:
             ready_pipe.send("ready")
         logger.info("scheduler rank %d ready: max_total_num_tokens=%d", tp_rank, scheduler.kv.total_tokens)

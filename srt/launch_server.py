@@ -2,7 +2,9 @@
 
 Order: resolve the model in this process (a GGUF is converted once, here), start the detokenizer and
 scheduler processes (multiprocessing *spawn*), wait until both report ready, then open the port
-(uvicorn + FastAPI + TokenizerManager on one asyncio loop). A watchdog polls the children: if one
+(uvicorn + FastAPI + TokenizerManager on one asyncio loop). A startup failure with a known cause (port
+in use, missing or corrupt model, unwritable cache, a child's setup error) is one stderr line
+``radixlm: error: <reason>`` and exit status 1. A watchdog polls the children: if one
 dies, its error goes to the log, waiting requests fail with 503 and the server exits with status 1.
 SIGTERM / Ctrl-C stop uvicorn (open streams get ``_GRACEFUL_SHUTDOWN_S``), then the children
 (SIGTERM, SIGKILL after ``_CHILD_STOP_S``), and remove the IPC directory; exit status 0.
@@ -87,8 +89,7 @@ def launch_server(args: ServerArgs) -> int:
         signal.signal(sig, on_signal)
     port_error = _port_unavailable(args.host, args.port)
     if port_error is not None:
-        logger.error("%s", port_error)  # before loading anything: fail in a second, not a minute
-        return 1
+        return startup_failed(port_error)  # before loading anything: fail in a second, not a minute
     children: list[_Child] = []
     paths = None
     try:
@@ -110,7 +111,11 @@ def launch_server(args: ServerArgs) -> int:
     except _Stop:
         logger.info("stopped by signal during startup")
         return 0
-    except Exception:
+    except Exception as exc:
+        from radixlm.srt.model_loader import ModelLoadError
+
+        if isinstance(exc, ModelLoadError):  # a missing or corrupt model, an unwritable cache
+            return startup_failed(str(exc))
         logger.exception("server failed to start")
         return 1
     finally:
@@ -118,6 +123,13 @@ def launch_server(args: ServerArgs) -> int:
         _stop_children(children)
         if paths is not None:
             paths.remove()
+
+
+def startup_failed(reason: str) -> int:
+    """Print ``radixlm: error: <reason>`` as one line on stderr (no traceback: the reason names the
+    path or option at fault); returns the exit status 1."""
+    print(f"radixlm: error: {' '.join(reason.split())}", file=sys.stderr, flush=True)
+    return 1
 
 
 def _start_children(args: ServerArgs, resolved: str, paths: Any) -> list[_Child]:
@@ -155,10 +167,10 @@ def _wait_ready(children: list[_Child]) -> bool:
                 logger.info("%s process ready", child.name)
                 pending.remove(child)
             elif isinstance(msg, str):
-                logger.error("%s process failed to start:\n%s", child.name, msg[len("error: "):])
+                startup_failed(f"{child.name} process failed to start: {msg.removeprefix('error: ')}")
                 return False
             elif not child.process.is_alive():
-                logger.error("%s process exited during startup (exit code %s)", child.name, child.process.exitcode)
+                startup_failed(f"{child.name} process exited during startup (exit code {child.process.exitcode})")
                 return False
     return True
 

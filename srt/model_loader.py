@@ -224,13 +224,21 @@ def _is_complete(folder: Path) -> bool:
 
 @contextlib.contextmanager
 def _file_lock(path: Path) -> Iterator[None]:
-    """Exclusive inter-process lock so concurrent ranks convert a GGUF only once."""
+    """Exclusive inter-process lock so concurrent ranks convert a GGUF only once.
+
+    Raises:
+        ModelLoadError: the lock file cannot be created (a read-only cache folder).
+    """
     try:
         import fcntl
     except ImportError:  # non-POSIX: the atomic rename alone still keeps the cache consistent
         yield
         return
-    with open(path, "a+b") as fh:
+    try:
+        fh = open(path, "a+b")
+    except OSError as exc:
+        raise ModelLoadError(f"cannot write to the GGUF cache folder {path.parent}: {exc}") from exc
+    with fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:
             yield
@@ -258,7 +266,10 @@ def _resolve_gguf(path: Path, cache_dir: str | None) -> str:
         # Under the lock, any temp dir for this name is a leftover of a killed conversion.
         for stale in [final, *root.glob(f".{glob.escape(final.name)}.*")]:
             shutil.rmtree(stale, ignore_errors=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
+        try:
+            tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
+        except OSError as exc:
+            raise ModelLoadError(f"cannot write to the GGUF cache folder {root}: {exc}") from exc
         logger.info("converting GGUF %s to %s (once; later runs reuse it)", path, final)
         try:
             _convert_gguf(path, tmp)
