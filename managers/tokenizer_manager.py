@@ -29,6 +29,7 @@ import zmq
 from radixlm.managers.io_struct import (AbortReq, BatchStrOut, FlushCacheOut, FlushCacheReq, GetInternalStateReq,
                                         InternalState, Message, TokenizedGenerateReq, encode)
 from radixlm.managers.ipc import AsyncPullReceiver, IpcPaths, PushSender
+from radixlm.managers.request_log import log_finished, log_received
 from radixlm.managers.response import ResponseAccumulator
 from radixlm.managers.validation import InvalidRequestError, validate_generate_input
 from radixlm.srt.errors import native_error_body
@@ -293,6 +294,8 @@ class TokenizerManager:
             state = ReqState(m, acc, event, prep.created)
             self.states[m.rid] = state
             states.append(state)
+            if self.args.log_requests:  # user data: only when the operator asked (--log-requests)
+                log_received(m, self.tokenizer)
             self._to_scheduler.send(m)
         return states
 
@@ -368,6 +371,8 @@ class TokenizerManager:
             self._observe(state, len(t.output_ids[i]), now)
             if state.acc.finished:
                 del self.states[rid]
+                if self.args.log_requests:
+                    log_finished(rid, state.acc.result())
             state.event.set()
 
     def _observe(self, state: ReqState, num_new: int, now: float) -> None:

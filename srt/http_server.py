@@ -171,14 +171,15 @@ def json_response(obj: Any, status: int = 200) -> Response:
 
 class ApiKeyMiddleware:
     """Pure ASGI middleware (BaseHTTPMiddleware would break streaming disconnect detection):
-    requires ``Authorization: Bearer <key>`` on every HTTP route but ``/health``."""
+    requires ``Authorization: Bearer <key>`` on every HTTP route and method but ``/health``, before
+    routing (so unknown paths and methods answer 401 too), compared in constant time."""
 
     def __init__(self, app: Any, api_key: str):
         self.app = app
         self.expected = f"Bearer {api_key}".encode()
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope["path"] != "/health" and scope.get("method") != "OPTIONS":
+        if scope["type"] == "http" and scope["path"] != "/health":
             got = dict(scope.get("headers") or []).get(b"authorization", b"")
             if not hmac.compare_digest(got, self.expected):
                 message = "invalid or missing API key (Authorization: Bearer KEY)"

@@ -59,6 +59,7 @@ class ServerArgs:
     random_seed: int = field(default=0, metadata={"help": "seed of unseeded sampling"})
     cache_dir: Optional[str] = field(default=None, metadata={"help": "where converted GGUF weights are cached"})
     log_level: str = field(default="info", metadata={"help": "logging level"})
+    log_requests: bool = field(default=False, metadata={"help": "log each request's prompt, sampling parameters and output at INFO (off: user data stays out of the log)"})
 
     def validate(self) -> None:
         """Raise ``ServerArgsError`` naming the offending option."""

@@ -18,12 +18,14 @@ CHAT_TEMPLATE = str(Path(__file__).with_name("chatml.jinja"))  # stories260K has
 
 @pytest.fixture(scope="module")
 def launch():
-    """Factory ``launch(args) -> ServerProcess``; every server still running at the end of the module
+    """Factory ``launch(args, api_key=None, host="127.0.0.1") -> ServerProcess`` (``host=None``: the
+    server's default bind address); every server still running at the end of the module
     is stopped and must exit cleanly with no orphan process."""
     started: list[ServerProcess] = []
 
-    def _launch(args: list[str], api_key: Optional[str] = None, timeout_s: float = START_TIMEOUT_S) -> ServerProcess:
-        server = ServerProcess.start(args, api_key=api_key, timeout_s=timeout_s)
+    def _launch(args: list[str], api_key: Optional[str] = None, timeout_s: float = START_TIMEOUT_S,
+                host: Optional[str] = "127.0.0.1") -> ServerProcess:
+        server = ServerProcess.start(args, api_key=api_key, timeout_s=timeout_s, host=host)
         started.append(server)
         return server
 

@@ -78,12 +78,14 @@ class ServerProcess:
 
     @classmethod
     def start(cls, args: list[str], command: Optional[list[str]] = None, api_key: Optional[str] = None,
-              timeout_s: float = START_TIMEOUT_S) -> "ServerProcess":
+              timeout_s: float = START_TIMEOUT_S, host: Optional[str] = "127.0.0.1") -> "ServerProcess":
+        """``host=None`` passes no ``--host`` (the server's default bind address is used)."""
         port = free_port()
+        host_args = ["--host", host] if host is not None else []
         command = command or [sys.executable, "-m", "radixlm.srt.launch_server"]
         fd, log_path = tempfile.mkstemp(prefix="radixlm-server-", suffix=".log")
         with os.fdopen(fd, "wb") as log:
-            proc = subprocess.Popen([*command, "--host", "127.0.0.1", "--port", str(port), *args],
+            proc = subprocess.Popen([*command, *host_args, "--port", str(port), *args],
                                     stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         server = cls(proc, port, log_path, api_key)
         server._wait_healthy(timeout_s)
