@@ -44,9 +44,13 @@ class ReqToTokenPool:
 
 
 class KVPool:
-    """Per-layer K/V buffers of shape ((num_pages + 1) * page_size, num_kv_heads, head_dim).
+    """Per-layer K/V buffers of ``(num_pages + 1) * page_size`` slots.
 
-    Slots of page 0 are never handed out; they absorb writes of padded positions.
+    ``layout`` is the attention backend's choice: ``"NHD"`` buffers are (slots, num_kv_heads,
+    head_dim) (FlashInfer's NHD with one slot per page); ``"HND"`` buffers are (num_kv_heads, slots,
+    head_dim), so that gathering a request's slots yields per-head contiguous (L, head_dim) blocks
+    ready for batched matmuls (the torch_native backend). Slots of page 0 are never handed out; they
+    absorb writes of padded positions.
     """
 
     def __init__(
@@ -58,12 +62,16 @@ class KVPool:
         head_dim: int,
         dtype: torch.dtype,
         device: torch.device | str = "cpu",
+        layout: str = "NHD",
     ):
+        if layout not in ("NHD", "HND"):
+            raise ValueError(f"unknown KV layout {layout!r} (NHD or HND)")
+        self.layout = layout
         self.num_pages = num_pages
         self.page_size = page_size
         self.num_layers = num_layers
         num_slots = (num_pages + 1) * page_size
-        shape = (num_slots, num_kv_heads, head_dim)
+        shape = (num_slots, num_kv_heads, head_dim) if layout == "NHD" else (num_kv_heads, num_slots, head_dim)
         self.k_buffers = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v_buffers = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
 
@@ -75,8 +83,27 @@ class KVPool:
 
     def set_kv(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Write K/V of new tokens. loc: (T,) int64 slots; k, v: (T, num_kv_heads, head_dim)."""
-        self.k_buffers[layer_id][loc] = k
-        self.v_buffers[layer_id][loc] = v
+        if self.layout == "NHD":
+            self.k_buffers[layer_id][loc] = k
+            self.v_buffers[layer_id][loc] = v
+        else:
+            self.k_buffers[layer_id].index_copy_(1, loc, k.transpose(0, 1))
+            self.v_buffers[layer_id].index_copy_(1, loc, v.transpose(0, 1))
 
     def get_kv(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The raw (K, V) buffers of one layer, in ``self.layout``."""
         return self.k_buffers[layer_id], self.v_buffers[layer_id]
+
+    def relayout(self, layout: str, dtype: Optional[torch.dtype] = None) -> "KVPool":
+        """A copy of this pool in ``layout`` (and ``dtype``), same slots and contents: how a test
+        runs the torch_native oracle (HND, fp32) on a FlashInfer pool (NHD, bf16)."""
+        out = KVPool.__new__(KVPool)
+        out.num_pages, out.page_size, out.num_layers, out.layout = self.num_pages, self.page_size, self.num_layers, layout
+
+        def convert(buf: torch.Tensor) -> torch.Tensor:
+            buf = buf.to(dtype or buf.dtype)
+            return (buf.transpose(0, 1) if layout != self.layout else buf).contiguous().clone()
+
+        out.k_buffers = [convert(b) for b in self.k_buffers]
+        out.v_buffers = [convert(b) for b in self.v_buffers]
+        return out

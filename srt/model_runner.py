@@ -86,7 +86,7 @@ class ModelRunner:
         self.max_total_num_tokens = num_pages * args.page_size
         self.page_pool = PagePool(num_pages, args.page_size)
         self.kv_pool = KVPool(num_pages, args.page_size, mc.num_hidden_layers, self.num_kv_heads,
-                              mc.head_dim, self.dtype, self.device)
+                              mc.head_dim, self.dtype, self.device, layout=self.attn_backend.kv_layout)
         # One row more than max running: the chunked request holds a row while not yet running.
         self.req_to_token_pool = ReqToTokenPool(args.max_running_requests + 1, mc.context_len, self.device)
         logger.info("KV cache: %d tokens in %d pages of %d (%.1f MiB)", self.max_total_num_tokens,

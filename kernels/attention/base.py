@@ -17,7 +17,12 @@ if TYPE_CHECKING:
 
 
 class AttentionBackend(abc.ABC):
-    """Computes paged attention and writes the new tokens' K/V into the KV pool."""
+    """Computes paged attention and writes the new tokens' K/V into the KV pool.
+
+    ``kv_layout`` is the ``KVPool`` layout the backend reads ("NHD" or "HND"; see ``KVPool``).
+    """
+
+    kv_layout = "NHD"
 
     @abc.abstractmethod
     def init_forward_metadata(self, forward_batch: "ForwardBatch") -> None:

@@ -39,18 +39,38 @@ def rope_inv_freq(hf_config, head_dim: int) -> tuple[torch.Tensor, float]:
 
 
 class RotaryEmbedding(nn.Module):
-    """Applies RoPE (Su et al. 2021) in HF's rotate-half layout to q and k of shape (T, heads, head_dim)."""
+    """Applies RoPE (Su et al. 2021) in HF's rotate-half layout to q and k of shape (T, heads, head_dim).
+
+    One instance is shared by all layers of a model: cos/sin of a forward's ``positions`` are
+    computed by the first layer and reused by the others (memoised on the positions tensor object;
+    the model calls ``reset()`` at the start of each forward), with the same float32 ops as HF, so
+    the values are bit-identical to transformers'.
+    """
 
     def __init__(self, hf_config, head_dim: int):
         super().__init__()
         inv_freq, self.scaling = rope_inv_freq(hf_config, head_dim)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self._memo: tuple = (None, None, None)
+
+    def reset(self) -> None:
+        """Forget the memoised cos/sin (a new forward, whose positions may reuse a buffer)."""
+        self._memo = (None, None, None)
+
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin: (T, 1, head_dim) in ``dtype`` for positions (T,) int64."""
+        last, cos, sin = self._memo
+        if last is positions and cos.dtype == dtype:
+            return cos, sin
+        freqs = positions.float()[:, None] * self.inv_freq.to(positions.device)[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos = (emb.cos() * self.scaling).to(dtype)[:, None, :]
+        sin = (emb.sin() * self.scaling).to(dtype)[:, None, :]
+        self._memo = (positions, cos, sin)
+        return cos, sin
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = positions.float()[:, None] * self.inv_freq.to(q.device)[None, :]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        cos = (emb.cos() * self.scaling).to(q.dtype)[:, None, :]
-        sin = (emb.sin() * self.scaling).to(q.dtype)[:, None, :]
+        cos, sin = self.cos_sin(positions, q.dtype)
         return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
 
 

@@ -30,7 +30,8 @@ class DecoderOptions:
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg, layer_id: int, tp: TpGroup, opts: DecoderOptions, dtype: torch.dtype):
+    def __init__(self, cfg, layer_id: int, tp: TpGroup, opts: DecoderOptions, dtype: torch.dtype,
+                 rotary: RotaryEmbedding):
         super().__init__()
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         bias = opts.qkv_bias or bool(getattr(cfg, "attention_bias", False))
@@ -38,7 +39,7 @@ class Attention(nn.Module):
                                           cfg.num_key_value_heads, bias, tp, dtype)
         self.o_proj = RowParallelLinear(cfg.num_attention_heads * head_dim, cfg.hidden_size,
                                         bool(getattr(cfg, "attention_bias", False)) and not opts.qkv_bias, tp, dtype)
-        self.rotary = RotaryEmbedding(cfg, head_dim)
+        self.rotary = rotary  # shared by all layers
         self.q_norm = RMSNorm(head_dim, cfg.rms_norm_eps, dtype) if opts.qk_norm else None
         self.k_norm = RMSNorm(head_dim, cfg.rms_norm_eps, dtype) if opts.qk_norm else None
         self.layer_id = layer_id
@@ -72,9 +73,10 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg, layer_id: int, tp: TpGroup, opts: DecoderOptions, dtype: torch.dtype):
+    def __init__(self, cfg, layer_id: int, tp: TpGroup, opts: DecoderOptions, dtype: torch.dtype,
+                 rotary: RotaryEmbedding):
         super().__init__()
-        self.self_attn = Attention(cfg, layer_id, tp, opts, dtype)
+        self.self_attn = Attention(cfg, layer_id, tp, opts, dtype, rotary)
         self.mlp = MLP(cfg, tp, dtype)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
@@ -100,7 +102,9 @@ class LlamaForCausalLM(nn.Module):
         self.config = cfg
         self.tp = tp
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp, dtype)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i, tp, self.options, dtype)
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.rotary_emb = RotaryEmbedding(cfg, head_dim)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, tp, self.options, dtype, self.rotary_emb)
                                     for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
         self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, tp, dtype)
@@ -108,6 +112,7 @@ class LlamaForCausalLM(nn.Module):
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, fb: "ForwardBatch") -> torch.Tensor:
+        self.rotary_emb.reset()
         h = self.embed_tokens(input_ids)
         for layer in self.layers:
             h = layer(positions, h, fb)

@@ -28,7 +28,7 @@ class PagedSetup:
 
 def make_setup(page_size: int, num_pages: int = 256, rows: int = 8, context: int = 512, num_layers: int = 1,
                kv_heads: int = 2, head_dim: int = 8, dtype: torch.dtype = torch.float32,
-               device: str = "cpu", seed: int = 0) -> PagedSetup:
+               device: str = "cpu", seed: int = 0, layout: str = "NHD") -> PagedSetup:
     """Pools with a scrambled free list, so requests get non-contiguous, non-ascending pages."""
     pool = PagePool(num_pages, page_size)
     pages = pool.alloc(num_pages)
@@ -36,7 +36,7 @@ def make_setup(page_size: int, num_pages: int = 256, rows: int = 8, context: int
     pool.free(pages)
     tree = RadixCache(pool, page_size)
     r2t = ReqToTokenPool(rows, context, device)
-    kv_pool = KVPool(num_pages, page_size, num_layers, kv_heads, head_dim, dtype, device)
+    kv_pool = KVPool(num_pages, page_size, num_layers, kv_heads, head_dim, dtype, device, layout=layout)
     return PagedSetup(pool, tree, KVManager(pool, tree, r2t), r2t, kv_pool)
 
 

@@ -6,7 +6,6 @@ K/V stores equal torch_native's, CUDA-graph padding included."""
 
 from __future__ import annotations
 
-import copy
 import subprocess
 import sys
 
@@ -33,10 +32,13 @@ def native_view(setup, batch):
     """torch_native's metadata for ``batch``: per request the KV slots it attends over."""
     fb = ForwardBatch.init_new(batch, setup.req_to_token_pool, setup.kv_pool,
                                TorchNativeAttnBackend(4, 2, 8, 0.125), torch.device("cpu"))
-    if batch.forward_mode.name == "DECODE":
-        slots, valid = fb.attn_metadata
-        return [slots[i][valid[i, 0, 0]].tolist() for i in range(batch.batch_size)]
-    return [slots.tolist() for slots, _mask in fb.attn_metadata]
+    seq_lens = batch.seq_lens
+    per_req = {}
+    for block in fb.attn_metadata:
+        slots = block.slots.view(block.num_reqs, block.num_keys)
+        for j, i in enumerate(block.req_ids):
+            per_req[i] = slots[j, :seq_lens[i]].tolist()
+    return [per_req[i] for i in range(batch.batch_size)]
 
 
 def test_module_imports_without_flashinfer():
@@ -138,9 +140,7 @@ def _run_both(setup, batch, backend, seed):
     g = torch.Generator().manual_seed(seed)
     t = len(batch.input_ids)
     q, k, v = (torch.randn(t, n * D, generator=g) for n in (H, KVH, KVH))
-    oracle_pool = copy.copy(setup.kv_pool)
-    oracle_pool.k_buffers = [b.float().clone() for b in setup.kv_pool.k_buffers]
-    oracle_pool.v_buffers = [b.float().clone() for b in setup.kv_pool.v_buffers]
+    oracle_pool = setup.kv_pool.relayout("HND", torch.float32)
     cpu = torch.device("cpu")
     fb = ForwardBatch.init_new(batch, setup.req_to_token_pool, setup.kv_pool, backend, cpu)
     out = backend.forward(q.bfloat16(), k.bfloat16(), v.bfloat16(), 0, fb)
