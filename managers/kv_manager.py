@@ -90,6 +90,27 @@ class KVManager:
         table[start:start + num_new] = torch.tensor(slots, dtype=torch.int64)
         return slots
 
+    def alloc_decode(self, reqs: list[Req]) -> Optional[list[int]]:
+        """One KV slot per request for position ``req.num_cached`` (a decode step), with one table
+        read and one table write for the whole batch instead of per-request tensor ops. Returns the
+        slots in ``reqs`` order, or None (allocating nothing) when memory is short."""
+        ps = self.page_size
+        new_page = [r.num_cached % ps == 0 for r in reqs]
+        pages = self._alloc_pages(sum(new_page))
+        if pages is None:
+            return None
+        table = self.req_to_token_pool.req_to_token
+        rows = torch.tensor([r.req_pool_idx for r in reqs], dtype=torch.int64)
+        cols = torch.tensor([r.num_cached for r in reqs], dtype=torch.int64)
+        if all(new_page):
+            slots = [p * ps for p in pages]
+        else:  # a partial last page continues at the next offset of the previous slot
+            prev = table[rows, cols - 1].tolist()
+            it = iter(pages)
+            slots = [next(it) * ps if fresh else last + 1 for fresh, last in zip(new_page, prev)]
+        table[rows, cols] = torch.tensor(slots, dtype=torch.int64)
+        return slots
+
     def _write_pages(self, row: int, start: int, pages: list[int]) -> None:
         ps = self.page_size
         idx = torch.tensor(pages, dtype=torch.int64)

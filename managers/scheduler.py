@@ -292,11 +292,11 @@ class Scheduler:
         if not self.running:
             return None
         self._retract_if_needed()
-        slots: list[int] = []
-        for r in self.running:
-            r.extend_len = 1
-            slots.extend(self.kv.alloc_tokens(r, 1))  # type: ignore[arg-type]
         reqs = list(self.running)
+        for r in reqs:
+            r.extend_len = 1
+        slots = self.kv.alloc_decode(reqs)
+        assert slots is not None, "retraction leaves room for one token per running request"
         mwb = ModelWorkerBatch(ForwardMode.DECODE, [r.output_ids[-1] for r in reqs], [r.req_pool_idx for r in reqs],
                                [r.num_cached for r in reqs], [1] * len(reqs), slots)
         self.new_token_ratio = max(self.min_ratio, self.new_token_ratio - (self.init_ratio - self.min_ratio) / NEW_TOKEN_RATIO_DECAY_STEPS)

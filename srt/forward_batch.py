@@ -39,6 +39,7 @@ class ModelWorkerBatch:
     extend_lens: list[int]
     out_cache_loc: list[int]
     logprob_start_lens: list[Optional[int]] = field(default_factory=list)
+    _layout: Optional[tuple[list[int], list[int]]] = field(default=None, repr=False, compare=False)
 
     @property
     def batch_size(self) -> int:
@@ -50,7 +51,15 @@ class ModelWorkerBatch:
 
     def logits_layout(self) -> tuple[list[int], list[int]]:
         """(rows, offsets): the flat token rows to project to logits, and per request the slice
-        ``offsets[i]:offsets[i+1]`` of those rows. A request's last row is its last new token."""
+        ``offsets[i]:offsets[i+1]`` of those rows. A request's last row is its last new token.
+        Computed once per batch (the runner and the worker both ask)."""
+        if self._layout is None:
+            self._layout = self._compute_logits_layout()
+        return self._layout
+
+    def _compute_logits_layout(self) -> tuple[list[int], list[int]]:
+        if self.forward_mode is ForwardMode.DECODE:
+            return list(range(self.batch_size)), list(range(self.batch_size + 1))
         rows: list[int] = []
         offsets = [0]
         start = 0
@@ -98,9 +107,12 @@ class ForwardBatch:
         attn_backend: Any,
         device: torch.device,
     ) -> "ForwardBatch":
-        positions: list[int] = []
-        for prefix, ext in zip(batch.prefix_lens, batch.extend_lens):
-            positions.extend(range(prefix, prefix + ext))
+        if batch.forward_mode is ForwardMode.DECODE:
+            positions = batch.prefix_lens
+        else:
+            positions = []
+            for prefix, ext in zip(batch.prefix_lens, batch.extend_lens):
+                positions.extend(range(prefix, prefix + ext))
         logits_indices, row_offsets = batch.logits_layout()
 
         def t(values: list[int]) -> torch.Tensor:
