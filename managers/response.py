@@ -62,6 +62,14 @@ class ResponseAccumulator:
             self.meta["finish_reason"] = self.finish_reason.to_json()
             self.meta["e2e_latency"] = elapsed_s
 
+    def relabel_abort(self, message: str) -> None:
+        """If the request ended with an abort that carries no HTTP status, report ``message`` as its
+        reason (the TokenizerManager's own abort, e.g. a timeout, whatever queue the request was in)."""
+        fr = self.finish_reason
+        if fr is not None and fr.type == "abort" and fr.status_code is None:
+            self.finish_reason = FinishReason(type="abort", message=message)
+            self.meta["finish_reason"] = self.finish_reason.to_json()
+
     def result(self) -> dict:
         meta = dict(self.meta)
         if self.return_logprob:

@@ -10,6 +10,11 @@ scheduler's terminal output arrives, so ``len(self.states)`` counts every reques
 still holds. That count bounds admission: beyond ``max_running_requests + max_queued_requests``
 outstanding requests a new one is refused with 503 (an approximation of the scheduler's queue that
 needs no round trip).
+
+Prompts are tokenized by ``PromptTokenizer``: large ones on a worker thread, so the event loop keeps
+serving. A request's time limit (its ``timeout``, capped by ``--request-timeout``; seconds from its
+arrival) is enforced here: at the deadline its unfinished rids are aborted in the scheduler, and end
+with finish_reason ``abort`` / ``request timed out after X s``, keeping their partial output.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import zmq
 from radixlm.managers.io_struct import (AbortReq, BatchStrOut, FlushCacheOut, FlushCacheReq, GetInternalStateReq,
                                         InternalState, Message, TokenizedGenerateReq, encode)
 from radixlm.managers.ipc import AsyncPullReceiver, IpcPaths, PushSender
+from radixlm.managers.prompt_tokenizer import PromptTokenizer
 from radixlm.managers.request_log import log_finished, log_received
 from radixlm.managers.response import ResponseAccumulator
 from radixlm.managers.validation import InvalidRequestError, validate_generate_input
@@ -74,6 +80,7 @@ class GenerateRequest:
     return_text_in_logprobs: bool = False
     stream: bool = False
     is_batch: bool = False
+    timeout: Optional[float] = None  # seconds (> 0) this request may take; the server's --request-timeout caps it
 
 
 @dataclasses.dataclass
@@ -85,7 +92,8 @@ class PreparedRequest:
     msgs: list[TokenizedGenerateReq]
     is_batch: bool
     return_text_in_logprobs: bool
-    created: float
+    created: float  # time.monotonic() when the request arrived
+    timeout: Optional[float] = None  # seconds from ``created`` until its unfinished rids are aborted
 
 
 class ReqState:
@@ -99,6 +107,7 @@ class ReqState:
         self.last_output: Optional[float] = None
         self.updates = 0
         self.error: Optional[str] = None
+        self.timeout_message: Optional[str] = None  # set once its deadline passed and the abort was sent
 
 
 class TokenizerManager:
@@ -114,6 +123,7 @@ class TokenizerManager:
         self.context_len = context_len
         self.paths = paths
         self.metrics = metrics
+        self.prompt_tokenizer = PromptTokenizer(tokenizer, context_len)
         self.states: dict[str, ReqState] = {}
         self.dead: Optional[str] = None  # why the scheduler can no longer be reached
         q = server_args.max_queued_requests
@@ -138,10 +148,11 @@ class TokenizerManager:
         for sock in (self._to_scheduler, self._from_detokenizer, self._from_scheduler):
             sock.close()
         self._ctx.term()
+        self.prompt_tokenizer.close()
 
     # ---- requests ------------------------------------------------------------------------------
-    def prepare(self, req: GenerateRequest) -> PreparedRequest:
-        """Tokenize and validate every prompt.
+    async def prepare(self, req: GenerateRequest) -> PreparedRequest:
+        """Tokenize (large texts off the event loop: ``PromptTokenizer``) and validate every prompt.
 
         Raises:
             InvalidRequestError: bad input (message says what); nothing is sent then.
@@ -150,10 +161,16 @@ class TokenizerManager:
         if len(req.prompts) > MAX_SEQUENCES_PER_REQUEST:
             raise InvalidRequestError(f"a request may hold at most {MAX_SEQUENCES_PER_REQUEST} prompts, "
                                       f"got {len(req.prompts)}")
+        texts = [p for p in req.prompts if isinstance(p, str)]
+        encoded = iter(await self.prompt_tokenizer.encode(texts) if texts else [])
+        return self._prepare_tokenized(req, [next(encoded) if isinstance(p, str) else list(p) for p in req.prompts],
+                                       created)
+
+    def _prepare_tokenized(self, req: GenerateRequest, prompt_ids: list[list[int]], created: float) -> PreparedRequest:
+        """``prepare`` after tokenizing: one validated message per prompt (per sample for n > 1)."""
         base_rids = req.rids or [uuid.uuid4().hex for _ in req.prompts]
         items = []
-        for i, prompt in enumerate(req.prompts):
-            ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        for i, ids in enumerate(prompt_ids):
             raw = req.sampling_params[i] or {}
             try:
                 params = SamplingParams.from_dict(raw)
@@ -199,7 +216,8 @@ class TokenizerManager:
                 encode(m)
             except (OverflowError, msgspec.EncodeError, ValueError, TypeError) as e:
                 raise InvalidRequestError(f"a value of the request is out of range: {e}") from None
-        return PreparedRequest(warmups, msgs, req.is_batch or n > 1, req.return_text_in_logprobs, created)
+        return PreparedRequest(warmups, msgs, req.is_batch or n > 1, req.return_text_in_logprobs, created,
+                               effective_timeout(req.timeout, self.args.request_timeout))
 
     async def generate(self, prep: PreparedRequest, is_disconnected: Callable[[], Awaitable[bool]]
                        ) -> Union[dict, list[dict]]:
@@ -245,19 +263,33 @@ class TokenizerManager:
         """Submit, then yield the states after every change until all finish; aborts on exit."""
         self.check_admission(prep)
         if prep.warmups:
-            async for _ in self._watch(self._submit(prep.warmups, prep), is_disconnected):
+            async for _ in self._watch(self._submit(prep.warmups, prep), is_disconnected, prep.timeout):
                 pass
-        async for states in self._watch(self._submit(prep.msgs, prep), is_disconnected):
+        async for states in self._watch(self._submit(prep.msgs, prep), is_disconnected, prep.timeout):
             yield states
 
-    async def _watch(self, states: list[ReqState], is_disconnected: Callable[[], Awaitable[bool]]
-                     ) -> AsyncIterator[list[ReqState]]:
+    async def _watch(self, states: list[ReqState], is_disconnected: Callable[[], Awaitable[bool]],
+                     timeout: Optional[float] = None) -> AsyncIterator[list[ReqState]]:
+        """Yield ``states`` after each change until all finished. ``timeout`` (seconds from the
+        request's arrival): then the unfinished ones are aborted and end with finish_reason abort,
+        ``request timed out after <timeout> s``, keeping their partial output."""
         event = states[0].event
+        deadline = None if timeout is None else states[0].created + timeout
         try:
             while True:
+                wait_s = _DISCONNECT_POLL_S
+                if deadline is not None:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        self._time_out(states, f"request timed out after {timeout:g} s")
+                        deadline = None  # aborted once; now wait for the scheduler's last output
+                    else:
+                        wait_s = min(wait_s, left)
                 try:
-                    await asyncio.wait_for(event.wait(), _DISCONNECT_POLL_S)
+                    await asyncio.wait_for(event.wait(), wait_s)
                 except asyncio.TimeoutError:
+                    if deadline is not None and time.monotonic() >= deadline:
+                        continue
                     if await is_disconnected():
                         raise ClientDisconnected() from None
                     continue
@@ -270,6 +302,14 @@ class TokenizerManager:
                     return
         finally:
             self._abort_unfinished(states)
+
+    def _time_out(self, states: list[ReqState], message: str) -> None:
+        """Abort the unfinished rids of ``states`` in the scheduler (their KV is freed) with ``message``."""
+        for s in states:
+            if not s.acc.finished and s.error is None and self.dead is None and s.timeout_message is None:
+                logger.info("request %s: %s; aborting it", s.msg.rid, message)
+                s.timeout_message = message
+                self._to_scheduler.send(AbortReq(rid=s.msg.rid, exact=True, message=message))
 
     def _abort_unfinished(self, states: list[ReqState]) -> None:
         for s in states:
@@ -367,6 +407,8 @@ class TokenizerManager:
             if state is None:
                 continue
             state.acc.add(out, i, now - state.created)
+            if state.timeout_message is not None:  # also when it was still queued ("Abort in waiting queue")
+                state.acc.relabel_abort(state.timeout_message)
             state.updates += 1
             self._observe(state, len(t.output_ids[i]), now)
             if state.acc.finished:
@@ -404,3 +446,10 @@ class TokenizerManager:
             _, fut = self._pending_control.popleft()
             if not fut.done():
                 fut.set_exception(RequestError(reason, 503))
+
+
+def effective_timeout(requested: Optional[float], server: Optional[float]) -> Optional[float]:
+    """The time limit of a request in seconds: the smaller of its own ``timeout`` and the server's
+    ``--request-timeout`` where both are set; None for no limit."""
+    limits = [t for t in (requested, server) if t is not None]
+    return min(limits) if limits else None

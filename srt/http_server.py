@@ -28,7 +28,7 @@ import msgspec
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import PlainTextResponse, Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from radixlm.managers.tokenizer_manager import ClientDisconnected, GenerateRequest, RequestError, TokenizerManager
@@ -54,6 +54,7 @@ class GenerateReqInput(BaseModel):
     Exactly one of ``text`` (str or list of str) and ``input_ids`` (list of int or list of lists).
     Per-prompt fields (``sampling_params``, ``rid``, logprob knobs) take one value for all prompts
     or a list with one per prompt; a single ``rid`` for a batch becomes ``rid_0, rid_1, ...``.
+    ``timeout`` (seconds, a radixlm extra) limits the whole request, as ``--request-timeout`` does.
     """
 
     model_config = ConfigDict(extra="forbid", strict=True)
@@ -67,6 +68,9 @@ class GenerateReqInput(BaseModel):
     top_logprobs_num: Optional[Union[int, list[int]]] = None
     return_text_in_logprobs: Optional[bool] = None
     stream: Optional[bool] = None
+    # Seconds (> 0) the request may take before it is aborted (finish_reason abort, partial output
+    # kept); the server's --request-timeout caps it.
+    timeout: Optional[float] = Field(default=None, gt=0, allow_inf_nan=False)
     input_embeds: Any = None
     image_data: Any = None
     video_data: Any = None
@@ -133,6 +137,7 @@ class GenerateReqInput(BaseModel):
             return_text_in_logprobs=bool(self.return_text_in_logprobs),
             stream=bool(self.stream),
             is_batch=is_batch,
+            timeout=self.timeout,
         )
 
 
@@ -256,7 +261,7 @@ def create_app(tm: TokenizerManager, server_args: Any, model_info: dict, metrics
     async def generate(request: Request) -> Response:
         # Parsed by hand so a body sent without a JSON content type (curl -d) still works.
         obj = GenerateReqInput.model_validate_json(await request.body())
-        prep = tm.prepare(obj.to_request())
+        prep = await tm.prepare(obj.to_request())
         tm.check_admission(prep)
         if obj.stream:
             return StreamingResponse(_sse(tm, prep, request), media_type="text/event-stream")

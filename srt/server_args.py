@@ -54,6 +54,7 @@ class ServerArgs:
     attention_backend: str = field(default="auto", metadata={"help": "auto|torch_native|flashinfer"})
     grammar_backend: str = field(default="xgrammar", metadata={"help": "xgrammar|outlines|none"})
     grammar_compile_timeout: float = field(default=30.0, metadata={"help": "seconds a grammar may take to compile before its request ends with an error"})
+    request_timeout: Optional[float] = field(default=None, metadata={"help": "seconds any request may take (from its arrival) before it is aborted, keeping its partial output; a request's own 'timeout' field can only lower it (default: no limit)"})
     grammar_any_whitespace: bool = field(default=False, metadata={"help": "let JSON grammars emit any whitespace (default: compact separators, so output cannot run away in whitespace)"})
     disable_cuda_graph: bool = field(default=False, metadata={"help": "run decode eagerly on CUDA"})
     random_seed: int = field(default=0, metadata={"help": "seed of unseeded sampling"})
@@ -86,6 +87,10 @@ class ServerArgs:
             raise ServerArgsError("--max-total-tokens must hold at least two pages")
         if not 0 < self.mem_fraction_static < 1:
             raise ServerArgsError("--mem-fraction-static must be in (0, 1)")
+        if self.request_timeout is not None and not 0 < self.request_timeout < float("inf"):
+            raise ServerArgsError(f"--request-timeout must be a number of seconds > 0, got {self.request_timeout}")
+        if self.context_length is not None and self.context_length < 2:
+            raise ServerArgsError(f"--context-length must be >= 2, got {self.context_length}")
         if self.grammar_compile_timeout <= 0:
             raise ServerArgsError("--grammar-compile-timeout must be > 0")
         if not 1 <= self.port <= 65535:

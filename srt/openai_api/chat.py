@@ -19,7 +19,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from radixlm.srt.openai_api.common import (ServingContext, finish_reason, generate_request, grammar_params,
                                            guarded_stream, max_new_tokens, native_sampling_params, new_id,
-                                           run_to_completion, sse, usage_info)
+                                           run_to_completion, sse, tokenize, usage_info)
 from radixlm.srt.openai_api.logprobs import TokenStrings, chat_logprobs
 from radixlm.srt.openai_api.protocol import (ChatChoice, ChatCompletionChunk, ChatCompletionRequest,
                                              ChatCompletionResponse, ChatResponseMessage, ChatStreamChoice,
@@ -59,7 +59,8 @@ async def create_chat_completion(ctx: ServingContext, req: ChatCompletionRequest
     """Render, validate, submit and answer (JSON or SSE)."""
     _check_unsupported(req)
     n = req.n or 1
-    _, prompt_ids = ctx.chat_template.render(req.messages, req.continue_final_message, req.chat_template_kwargs)
+    text = ctx.chat_template.render_text(req.messages, req.continue_final_message, req.chat_template_kwargs)
+    [prompt_ids] = await tokenize(ctx, [text], "messages", add_special_tokens=False)
     requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     max_param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     budget = max_new_tokens([len(prompt_ids)], requested, None, ctx.context_len, "messages", max_param)
@@ -68,8 +69,8 @@ async def create_chat_completion(ctx: ServingContext, req: ChatCompletionRequest
     params = native_sampling_params(req, budget, grammar)
     top_n = (req.top_logprobs or 0) if req.logprobs else 0
     greq = generate_request([prompt_ids], params, n, req.seed, bool(req.logprobs), False, top_n,
-                            bool(req.stream), req.rid)
-    prep = ctx.tm.prepare(greq)
+                            bool(req.stream), req.rid, req.timeout)
+    prep = await ctx.tm.prepare(greq)
     ctx.tm.check_admission(prep)
     state = _ChatState(ctx, req, n, prompt_ids, top_n)
     if req.stream:

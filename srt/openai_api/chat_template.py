@@ -39,7 +39,14 @@ class ChatTemplate:
 
     def render(self, messages: list[ChatMessage], continue_final_message: Optional[bool] = None,
                template_kwargs: Optional[dict[str, Any]] = None) -> tuple[str, list[int]]:
-        """Return ``(prompt_text, prompt_ids)``.
+        """Return ``(prompt_text, prompt_ids)``: ``render_text`` then tokenizing (no special tokens
+        added: the template writes them). Raises as ``render_text``."""
+        text = self.render_text(messages, continue_final_message, template_kwargs)
+        return text, list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def render_text(self, messages: list[ChatMessage], continue_final_message: Optional[bool] = None,
+                    template_kwargs: Optional[dict[str, Any]] = None) -> str:
+        """The prompt text of ``messages`` (the server tokenizes it off the event loop when large).
 
         Args:
             continue_final_message: continue the last (assistant) message instead of opening a new
@@ -78,7 +85,7 @@ class ChatTemplate:
                               400, "messages") from None
         if not isinstance(text, str):  # some versions return a list for batched input
             text = text[0]
-        return text, list(self.tokenizer.encode(text, add_special_tokens=False))
+        return text
 
 
 def _plain_message(m: ChatMessage, i: int) -> dict[str, Any]:

@@ -20,6 +20,7 @@ import msgspec
 from fastapi.responses import Response
 from pydantic import BaseModel, ValidationError
 
+from radixlm.managers.prompt_tokenizer import PromptTooLongError
 from radixlm.managers.tokenizer_manager import ClientDisconnected, GenerateRequest, RequestError
 from radixlm.managers.validation import InvalidRequestError
 from radixlm.srt.openai_api.protocol import OpenAIError, PromptTokensDetails, UsageInfo, openai_error_body
@@ -70,6 +71,22 @@ def grammar_params(json_schema: Any = None, regex: Optional[str] = None, ebnf: O
     return {k: v for k, v in out.items() if v is not None}
 
 
+async def tokenize(ctx: ServingContext, texts: list[str], prompt_param: str,
+                   add_special_tokens: bool = True) -> list[list[int]]:
+    """Token ids of ``texts``, large ones tokenized off the event loop (``PromptTokenizer``).
+
+    Raises:
+        OpenAIError(400, code ``context_length_exceeded``): a text certainly longer than the
+            context, found before tokenizing it.
+    """
+    try:
+        return await ctx.tm.prompt_tokenizer.encode(texts, add_special_tokens)
+    except PromptTooLongError as e:
+        raise OpenAIError(f"This model's maximum context length is {e.context_len} tokens, but the prompt has at "
+                          f"least {e.min_tokens} tokens. Please shorten the prompt.", 400, prompt_param,
+                          "context_length_exceeded") from None
+
+
 def max_new_tokens(prompt_lens: Sequence[int], requested: Optional[int], default: Optional[int],
                    context_len: int, prompt_param: str, max_param: str) -> int:
     """Check the prompts against the context and pick ``max_new_tokens``.
@@ -98,8 +115,9 @@ def max_new_tokens(prompt_lens: Sequence[int], requested: Optional[int], default
 
 def generate_request(prompts: list[list[int]], params: dict[str, Any], n: int, seed: Optional[int],
                      logprobs: bool, echo_logprobs: bool, top_logprobs: int, stream: bool,
-                     rid: Optional[str]) -> GenerateRequest:
-    """One entry per prompt (or per prompt x choice when seeded); results come back prompt-major."""
+                     rid: Optional[str], timeout: Optional[float] = None) -> GenerateRequest:
+    """One entry per prompt (or per prompt x choice when seeded); results come back prompt-major.
+    ``timeout``: seconds the whole request may take (None: only the server's limit)."""
     if seed is not None and n > 1:
         entries = [(ids, {**params, "sampling_seed": seed + j}) for ids in prompts for j in range(n)]
     else:
@@ -114,7 +132,7 @@ def generate_request(prompts: list[list[int]], params: dict[str, Any], n: int, s
     return GenerateRequest(
         prompts=[list(ids) for ids, _ in entries], sampling_params=[p for _, p in entries], rids=rids,
         return_logprob=[logprobs] * count, logprob_start_len=[0 if echo_logprobs else -1] * count,
-        top_logprobs_num=[top_logprobs] * count, stream=stream, is_batch=True)
+        top_logprobs_num=[top_logprobs] * count, stream=stream, is_batch=True, timeout=timeout)
 
 
 async def run_to_completion(tm: Any, prep: Any, request: Any) -> list[dict]:

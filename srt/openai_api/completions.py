@@ -18,7 +18,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from radixlm.srt.openai_api.common import (ServingContext, finish_reason, generate_request,
                                            grammar_params, guarded_stream, max_new_tokens, native_sampling_params,
-                                           new_id, run_to_completion, sse, usage_info)
+                                           new_id, run_to_completion, sse, tokenize, usage_info)
 from radixlm.srt.openai_api.logprobs import TokenStrings, completion_logprobs
 from radixlm.srt.openai_api.protocol import (CompletionChoice, CompletionLogprobs, CompletionRequest,
                                              CompletionResponse, OpenAIError)
@@ -26,8 +26,9 @@ from radixlm.srt.openai_api.protocol import (CompletionChoice, CompletionLogprob
 DEFAULT_MAX_TOKENS = 16
 
 
-def _prompts(ctx: ServingContext, req: CompletionRequest) -> tuple[list[list[int]], list[str]]:
-    """``(token ids, echo text)`` per prompt."""
+async def _prompts(ctx: ServingContext, req: CompletionRequest) -> tuple[list[list[int]], list[str]]:
+    """``(token ids, echo text)`` per prompt; text prompts are tokenized together (off the event
+    loop when large)."""
     p = req.prompt
     if isinstance(p, str):
         items: list[Any] = [p]
@@ -37,10 +38,12 @@ def _prompts(ctx: ServingContext, req: CompletionRequest) -> tuple[list[list[int
         items = [p]
     else:
         items = list(p)
+    strings = [item for item in items if isinstance(item, str)]
+    encoded = iter(await tokenize(ctx, strings, "prompt") if strings else [])
     ids, texts = [], []
     for i, item in enumerate(items):
         if isinstance(item, str):
-            ids.append(list(ctx.tokenizer.encode(item)))
+            ids.append(next(encoded))
             texts.append(item)
         else:
             if not item:
@@ -69,15 +72,15 @@ async def create_completion(ctx: ServingContext, req: CompletionRequest, request
         raise OpenAIError(f"best_of must equal n ({n}): ranking candidates is not supported", 400, "best_of")
     if req.stream_options is not None and not req.stream:
         raise OpenAIError("stream_options is only allowed with stream: true", 400, "stream_options")
-    prompt_ids, prompt_texts = _prompts(ctx, req)
+    prompt_ids, prompt_texts = await _prompts(ctx, req)
     budget = max_new_tokens([len(x) for x in prompt_ids], req.max_tokens, DEFAULT_MAX_TOKENS, ctx.context_len,
                             "prompt", "max_tokens")
     grammar = grammar_params(req.json_schema, req.regex, req.ebnf)
     params = native_sampling_params(req, budget, grammar)
     want_lp = req.logprobs is not None
     greq = generate_request(prompt_ids, params, n, req.seed, want_lp, want_lp and bool(req.echo),
-                            req.logprobs or 0, bool(req.stream), req.rid)
-    prep = ctx.tm.prepare(greq)
+                            req.logprobs or 0, bool(req.stream), req.rid, req.timeout)
+    prep = await ctx.tm.prepare(greq)
     ctx.tm.check_admission(prep)
     state = _State(ctx, req, n, prompt_ids, prompt_texts)
     if req.stream:

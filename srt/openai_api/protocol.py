@@ -76,6 +76,9 @@ class _SamplingRequest(_Strict):
     regex: Optional[str] = None
     ebnf: Optional[str] = None
     rid: Optional[str] = None
+    # Seconds (> 0) the request may take; then it ends with finish_reason "abort" (partial output
+    # kept). The server's --request-timeout caps it.
+    timeout: Optional[float] = Field(default=None, gt=0, allow_inf_nan=False)
 
 
 # ---- completions ------------------------------------------------------------------------------------
