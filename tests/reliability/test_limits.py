@@ -1,5 +1,6 @@
 """Limits: request body size (413), queue full (503 with Retry-After), max_new_tokens beyond the
-context (400), fan-out of one request (prompts x n, 400). One server: 1 running + 0 queued."""
+context (400; the default is clamped to it), a prompt that fills the context (400), fan-out of one
+request (prompts x n, 400). One server: 1 running + 0 queued."""
 
 from __future__ import annotations
 
@@ -102,6 +103,29 @@ def test_max_new_tokens_beyond_context_is_400(http):
     if "/v1/completions" in app_routes(http):
         resp = http.post("/v1/completions", json={"prompt": "Lily", "max_tokens": 5000})
         assert resp.status_code == 400, resp.text
+
+
+CONTEXT = 2048  # stories260K
+FILLER_IDS = list(range(5, 505)) * 5  # 2,500 in-vocabulary token ids
+
+
+def test_prompt_that_fills_the_context_is_400(http):
+    resp = http.post("/generate", json={"input_ids": FILLER_IDS[:CONTEXT], "sampling_params": {"max_new_tokens": 1}})
+    assert resp.status_code == 400
+    assert f"({CONTEXT} tokens) is longer than the model's context length ({CONTEXT} tokens)" in resp.json()["error"]["message"]
+    if "/v1/completions" in app_routes(http):
+        resp = http.post("/v1/completions", json={"prompt": FILLER_IDS[:CONTEXT]})
+        assert resp.status_code == 400 and resp.json()["error"]["code"] == "context_length_exceeded", resp.text
+
+
+def test_default_max_new_tokens_is_clamped_to_the_last_context_slot(http):
+    body = {"input_ids": FILLER_IDS[:CONTEXT - 1], "sampling_params": {"temperature": 0, "ignore_eos": True}}
+    resp = http.post("/generate", json=body)
+    assert resp.status_code == 200, resp.text
+    meta = resp.json()["meta_info"]
+    assert meta["completion_tokens"] == 1 and meta["finish_reason"] == {"type": "length", "length": 1}
+    resp = http.post("/generate", json={**body, "sampling_params": {**body["sampling_params"], "max_new_tokens": 2}})
+    assert resp.status_code == 400 and "max_new_tokens is 2" in resp.json()["error"]["message"]  # explicit: no clamp
 
 
 @pytest.mark.parametrize("body", [
