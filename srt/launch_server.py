@@ -87,9 +87,9 @@ def launch_server(args: ServerArgs) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
-    port_error = _port_unavailable(args.host, args.port)
-    if port_error is not None:
-        return startup_failed(port_error)  # before loading anything: fail in a second, not a minute
+    problem = _port_unavailable(args.host, args.port) or _chat_template_unreadable(args.chat_template)
+    if problem is not None:
+        return startup_failed(problem)  # before loading anything: fail in a second, not a minute
     children: list[_Child] = []
     paths = None
     try:
@@ -270,6 +270,18 @@ def _port_unavailable(host: str, port: int) -> Optional[str]:
             sock.bind((host, port))
         except OSError as e:
             return f"cannot listen on {host}:{port}: {e.strerror or e}"
+    return None
+
+
+def _chat_template_unreadable(path: Optional[str]) -> Optional[str]:
+    """A one-line reason when the ``--chat-template`` file cannot be read, else None."""
+    if path is None:
+        return None
+    try:
+        with open(os.path.expanduser(path), encoding="utf-8") as f:
+            f.read(1)
+    except (OSError, UnicodeDecodeError) as e:
+        return f"--chat-template {path}: {getattr(e, 'strerror', None) or e}"
     return None
 
 

@@ -171,6 +171,12 @@ def test_scheduler_startup_error_is_one_line():
                            "the flashinfer attention backend needs --device cuda")
 
 
+def test_missing_chat_template_file(tmp_path, stories_path):
+    missing = tmp_path / "no-template.jinja"
+    _assert_one_line_error(_serve("--model-path", stories_path, "--chat-template", str(missing)),
+                           f"--chat-template {missing}", "No such file")
+
+
 def test_bad_flag_is_a_usage_error():
     proc = _serve("--max-running-requests", "0")
     assert proc.returncode == 2, proc.stderr
