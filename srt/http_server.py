@@ -35,6 +35,7 @@ from radixlm.managers.tokenizer_manager import ClientDisconnected, GenerateReque
 from radixlm.managers.validation import InvalidRequestError
 from radixlm.srt.errors import native_error_body
 from radixlm.srt.openai_api.common import validation_message
+from radixlm.srt.openapi_spec import install_openapi
 from radixlm.srt.openai_api.protocol import openai_error_body
 from radixlm.srt.openai_api.router import create_openai_router
 
@@ -320,6 +321,8 @@ def create_app(tm: TokenizerManager, server_args: Any, model_info: dict, metrics
         return Response(metrics.render(), media_type=metrics.content_type)
 
     app.include_router(create_openai_router(tm, server_args, model_info, tm.tokenizer))
+    install_openapi(app, context_len=int(model_info.get("context_length") or tm.context_len),
+                    vocab_size=getattr(tm, "vocab_size", None), api_key=bool(server_args.api_key))
     return app
 
 

@@ -71,7 +71,9 @@ class SamplingParams(msgspec.Struct, kw_only=True):
 
     @classmethod
     def from_dict(cls, d: Optional[dict[str, Any]]) -> "SamplingParams":
-        """Build from a JSON-like dict; ``None`` values take defaults; unknown keys are errors.
+        """Build from a JSON-like dict; ``None`` values take defaults; unknown keys are errors. Types
+        are strict: a string is not a number, a number not a bool, ``5.0`` not an int (an int is a
+        valid float).
 
         Raises:
             SamplingParamsError: unknown field or a value of the wrong type.
@@ -91,7 +93,8 @@ class SamplingParams(msgspec.Struct, kw_only=True):
         if "logit_bias" in clean and isinstance(clean["logit_bias"], dict):
             clean["logit_bias"] = {str(k): v for k, v in clean["logit_bias"].items()}
         try:
-            return msgspec.convert(clean, cls, strict=False)
+            # strict: "5" is not an int nor 1 a bool (as in the request models and /openapi.json)
+            return msgspec.convert(clean, cls, strict=True)
         except msgspec.ValidationError as e:
             raise SamplingParamsError(f"invalid sampling_params: {e}") from None
 

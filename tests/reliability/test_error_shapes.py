@@ -26,9 +26,12 @@ class _OverloadedTM:
     dead = None
 
     def __init__(self, tokenizer):
-        self.tokenizer = tokenizer
+        from radixlm.managers.prompt_tokenizer import PromptTokenizer
 
-    def prepare(self, req):
+        self.tokenizer = tokenizer
+        self.prompt_tokenizer = PromptTokenizer(tokenizer, self.context_len)
+
+    async def prepare(self, req):
         return req
 
     def check_admission(self, prep):
