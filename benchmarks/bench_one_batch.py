@@ -4,7 +4,12 @@ Drives the Scheduler in-process (no HTTP), like SGLang's ``bench_one_batch``: fo
 input length × output length it reports prefill throughput, decode throughput and the scheduler's
 per-step overhead (step time minus model forward + sampling).
 
+It also measures this machine's fp32 matmul peak in the same run (a square ``torch.mm`` and a
+decode-shaped one) and reports the decode's model FLOP/s against it: FLOPs per token = 2 × (the
+linear layers' and lm_head's parameters) + 4 × layers × heads × head_dim × (attended context).
+
     python benchmarks/bench_one_batch.py --model stories260k --batch-sizes 1 8 32 --input-lens 128 --output-lens 32
+    python benchmarks/bench_one_batch.py --model smollm2 --batch-sizes 1 32 --input-lens 128 --output-lens 32
 """
 
 from __future__ import annotations
@@ -12,6 +17,8 @@ from __future__ import annotations
 import argparse
 import random
 import time
+
+import torch
 
 from common import print_table, random_ids, resolve_model, write_json
 
@@ -47,6 +54,27 @@ def run_case(engine: Engine, bs: int, in_len: int, out_len: int, seed: int) -> d
             "decode_step_ms": 1000 * dt / nsteps, "overhead_ms_per_step": 1000 * (dt - fwd) / nsteps}
 
 
+def matmul_peak_gflops(m: int, k: int, n: int, seconds: float = 1.0) -> float:
+    """fp32 GFLOP/s of ``torch.mm`` (m, k) @ (k, n), best of repeated runs over ~``seconds``."""
+    a, b = torch.randn(m, k), torch.randn(k, n)
+    torch.mm(a, b)
+    best, end = float("inf"), time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        t0 = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * m * k * n / best / 1e9
+
+
+def decode_flops_per_token(engine: Engine, context: float) -> float:
+    """Model FLOPs of one decode token at an attended context of ``context`` tokens."""
+    model = engine.worker.model_runner.model
+    linear = sum(p.numel() for name, p in model.named_parameters() if p.dim() == 2 and "embed_tokens" not in name)
+    cfg = engine.model_config
+    attn = 4 * cfg.num_hidden_layers * cfg.num_attention_heads * cfg.head_dim * context
+    return 2 * linear + attn
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="stories260k", help="stories260k | smollm2 | a path")
@@ -55,17 +83,30 @@ def main() -> None:
     ap.add_argument("--output-lens", type=int, nargs="+", default=[32])
     ap.add_argument("--page-size", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     ap.add_argument("--output", default="bench_results/bench_one_batch.json")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     max_bs = max(args.batch_sizes)
     max_tokens = max_bs * (max(args.input_lens) + max(args.output_lens)) + 1024
     engine = Engine(resolve_model(args.model), max_total_tokens=max_tokens, max_running_requests=max_bs,
                     chunked_prefill_size=-1, max_prefill_tokens=max_tokens, page_size=args.page_size)
     run_case(engine, 1, 16, 4, args.seed)  # warm-up
     rows = [run_case(engine, bs, i, o, args.seed) for bs in args.batch_sizes for i in args.input_lens for o in args.output_lens]
+    peak = matmul_peak_gflops(2048, 2048, 2048)
+    peak_decode_shape = matmul_peak_gflops(64, 576, 1536)
+    for r in rows:
+        flops = decode_flops_per_token(engine, r["input_len"] + r["output_len"] / 2)
+        r["model_gflop_s"] = r["decode_tok_s"] * flops / 1e9
+        r["pct_of_peak"] = 100 * r["model_gflop_s"] / peak
+    print(f"fp32 matmul peak: {peak:.1f} GFLOP/s (2048^3), {peak_decode_shape:.1f} GFLOP/s (64x576x1536); "
+          f"torch threads {torch.get_num_threads()}")
     print_table(rows, ["batch", "input_len", "output_len", "prefill_tok_s", "decode_tok_s", "decode_step_ms",
-                       "overhead_ms_per_step"])
-    write_json(args.output, {"benchmark": "bench_one_batch", "model": args.model, "page_size": args.page_size, "rows": rows})
+                       "overhead_ms_per_step", "model_gflop_s", "pct_of_peak"])
+    write_json(args.output, {"benchmark": "bench_one_batch", "model": args.model, "page_size": args.page_size,
+                             "threads": torch.get_num_threads(), "matmul_peak_gflop_s": peak,
+                             "matmul_decode_shape_gflop_s": peak_decode_shape, "rows": rows})
 
 
 if __name__ == "__main__":
