@@ -13,6 +13,12 @@ matmul-softmax-matmul instead of a per-request loop:
   closed when padding would exceed ~50 % of its real work), so a layer costs a few ops per block, not
   per request. Decode is the E = 1 case.
 - GQA: query heads are grouped per KV head, (KVH, R, E * G, D) against (KVH, R, S, D).
+- Shared prefixes (cascade attention, as FlashInfer's ``MultiLevelCascadeAttentionWrapper`` and
+  Hydragen, Juravsky et al. 2024): requests whose ``req_to_token`` rows start with the same
+  ``CASCADE_MIN_PREFIX``+ slots — radix-cache hits on one prefix — form a block whose queries attend
+  to that prefix together, as one (KVH, R * E * G, D) x (KVH, D, P) matmul over K/V gathered once,
+  and to their own suffixes as above; the two parts share one softmax (a common max, summed
+  normalisers), so the result is the same attention up to fp32 rounding.
 
 Measured on 2 CPU cores, ``scaled_dot_product_attention`` was no faster at these head sizes and much
 slower with an explicit mask.
@@ -34,6 +40,8 @@ if TYPE_CHECKING:
 # (sum of extend_len * seq_len) and the slack it tolerates for tiny blocks (elements of one head).
 PAD_FACTOR = 1.5
 PAD_SLACK = 1 << 16
+# Shortest shared prefix (tokens) worth a cascade block.
+CASCADE_MIN_PREFIX = 32
 
 
 @dataclass
@@ -45,8 +53,11 @@ class AttnBlock:
         row), or None when the block is the whole batch in order with no padded rows.
     out_rows: (n,) int64 flat batch rows that the block's valid query rows are written to, and
     valid: (n,) int64 their positions among the R * E padded rows (None with q_index None).
-    slots: (R * S,) int64 KV slots (padding: slot 0, the dummy page).
-    masked: (R, E, 1, S) bool, True where query i of request r may not see key j (j > prefix + i).
+    slots: (R * S,) int64 KV slots after the shared prefix (padding: slot 0, the dummy page).
+    masked: (R, E, 1, S) bool, True where query i of request r may not see key P + j
+        (P + j > prefix + i).
+    prefix_slots: (P,) int64 slots of the prefix every request of the block shares (cascade), or None
+        (P = 0).
     """
 
     req_ids: list[int]
@@ -58,6 +69,7 @@ class AttnBlock:
     valid: Optional[torch.Tensor]
     slots: torch.Tensor
     masked: torch.Tensor
+    prefix_slots: Optional[torch.Tensor] = None
 
 
 def plan_blocks(prefix_lens: list[int], extend_lens: list[int]) -> list[list[int]]:
@@ -109,34 +121,61 @@ class TorchNativeAttnBackend(AttentionBackend):
         starts = [0]
         for e in fb.extend_lens:
             starts.append(starts[-1] + e)
-        blocks = plan_blocks(fb.prefix_lens, fb.extend_lens)
-        if len(blocks) == 1 and len(set(fb.extend_lens)) == 1:  # the batch as it is: no gather of q
-            fb.attn_metadata = [self._block(fb, list(range(fb.batch_size)), starts, whole=True)]
-        else:
-            fb.attn_metadata = [self._block(fb, idx, starts, whole=False) for idx in blocks]
+        blocks = []
+        for shared, idx in self._shared_prefix_groups(fb):
+            sub = plan_blocks([fb.prefix_lens[i] - shared for i in idx], [fb.extend_lens[i] for i in idx])
+            blocks += [(shared, sorted(idx[j] for j in b)) for b in sub]
+        fb.attn_metadata = [self._block(fb, idx, starts, shared) for shared, idx in blocks]
 
-    def _block(self, fb: "ForwardBatch", idx: list[int], starts: list[int], whole: bool) -> AttnBlock:
+    @staticmethod
+    def _shared_prefix_groups(fb: "ForwardBatch") -> list[tuple[int, list[int]]]:
+        """(P, request indices): groups whose first P >= CASCADE_MIN_PREFIX KV slots are identical
+        (P <= each member's prefix_len, so no query falls inside it), then the rest with P = 0."""
+        bs = fb.batch_size
+        eligible = [i for i in range(bs) if fb.prefix_lens[i] >= CASCADE_MIN_PREFIX]
+        if len(eligible) < 2:
+            return [(0, list(range(bs)))]
+        table = fb.req_to_token_pool.req_to_token
+        rows = fb.req_pool_indices
+        first = table.index_select(0, rows)[:, 0].tolist()
+        by_first: dict[int, list[int]] = {}
+        for i in eligible:
+            by_first.setdefault(first[i], []).append(i)
+        groups, rest = [], [i for i in range(bs) if fb.prefix_lens[i] < CASCADE_MIN_PREFIX]
+        for members in by_first.values():
+            limit = min(fb.prefix_lens[i] for i in members)
+            if len(members) > 1:
+                block = table.index_select(0, rows.index_select(0, _tensor(members, rows.device)))[:, :limit]
+                differs = (block != block[:1]).any(0).nonzero()
+                shared = int(differs[0]) if differs.numel() else limit
+                if shared >= CASCADE_MIN_PREFIX:
+                    groups.append((shared, members))
+                    continue
+            rest += members
+        if rest:
+            groups.append((0, rest))
+        return groups
+
+    def _block(self, fb: "ForwardBatch", idx: list[int], starts: list[int], shared: int) -> AttnBlock:
         dev = fb.req_pool_indices.device
         table = fb.req_to_token_pool.req_to_token
         ext = [fb.extend_lens[i] for i in idx]
-        pre = [fb.prefix_lens[i] for i in idx]
+        pre = [fb.prefix_lens[i] - shared for i in idx]  # prefix beyond the shared part
         r, e, s = len(idx), max(ext), max(p + x for p, x in zip(pre, ext))
-
-        def t(values: list[int]) -> torch.Tensor:
-            return torch.tensor(values, dtype=torch.int64, device=dev)
-
-        ext_t, pre_t = t(ext), t(pre)
+        whole = idx == list(range(fb.batch_size)) and len(set(ext)) == 1  # the batch as it is: no q gather
+        ext_t, pre_t = _tensor(ext, dev), _tensor(pre, dev)
         ar_e, ar_s = torch.arange(e, device=dev), torch.arange(s, device=dev)
-        rows = fb.req_pool_indices if whole else fb.req_pool_indices.index_select(0, t(idx))
-        slots = table.index_select(0, rows)[:, :s]
+        rows = fb.req_pool_indices if whole else fb.req_pool_indices.index_select(0, _tensor(idx, dev))
+        slots = table.index_select(0, rows)[:, shared:shared + s]
         slots = slots.masked_fill(ar_s[None, :] >= (pre_t + ext_t)[:, None], 0).reshape(-1)
         masked = (ar_s[None, None, :] > (pre_t[:, None] + ar_e[None, :])[:, :, None]).unsqueeze(2)
+        prefix_slots = table[rows[0], :shared].clone() if shared else None
         if whole:
-            return AttnBlock(idx, r, e, s, None, None, None, slots, masked)
-        q_index = t([starts[i] for i in idx])[:, None] + torch.minimum(ar_e[None, :], ext_t[:, None] - 1)
+            return AttnBlock(idx, r, e, s, None, None, None, slots, masked, prefix_slots)
+        q_index = _tensor([starts[i] for i in idx], dev)[:, None] + torch.minimum(ar_e[None, :], ext_t[:, None] - 1)
         valid = (ar_e[None, :] < ext_t[:, None]).reshape(-1).nonzero().squeeze(1)
         return AttnBlock(idx, r, e, s, q_index.reshape(-1), q_index.reshape(-1).index_select(0, valid), valid,
-                         slots, masked)
+                         slots, masked, prefix_slots)
 
     def _store(self, k: torch.Tensor, v: torch.Tensor, layer_id: int, fb: "ForwardBatch") -> None:
         fb.kv_pool.set_kv(layer_id, fb.out_cache_loc,
@@ -164,11 +203,35 @@ class TorchNativeAttnBackend(AttentionBackend):
             vb = v_buf.index_select(1, b.slots).view(kvh, b.num_reqs, b.num_keys, d)
             scores = torch.matmul(qb, kb.transpose(-1, -2)).mul_(self.scaling)  # (KVH, R, E*G, S)
             scores = scores.view(kvh, b.num_reqs, b.num_rows, g, b.num_keys).masked_fill_(b.masked, float("-inf"))
-            probs = scores.softmax(dim=-1).view(kvh, b.num_reqs, -1, b.num_keys)
-            o = torch.matmul(probs, vb).view(kvh, b.num_reqs * b.num_rows, g, d).permute(1, 0, 2, 3)
+            if b.prefix_slots is None:
+                probs = scores.softmax(dim=-1).view(kvh, b.num_reqs, -1, b.num_keys)
+                o = torch.matmul(probs, vb)
+            else:
+                o = self._cascade(qb, scores.view(kvh, b.num_reqs, -1, b.num_keys), vb, k_buf, v_buf, b.prefix_slots)
+            o = o.view(kvh, b.num_reqs * b.num_rows, g, d).permute(1, 0, 2, 3)
             if b.q_index is None:
                 return o.reshape(q.shape[0], -1)
             if out is None:
                 out = q.new_empty(q.shape[0], kvh, g, d)
             out.index_copy_(0, b.out_rows, o.index_select(0, b.valid))
         return out.view(q.shape[0], -1)
+
+    def _cascade(self, qb: torch.Tensor, suffix_scores: torch.Tensor, vb: torch.Tensor, k_buf: torch.Tensor,
+                 v_buf: torch.Tensor, prefix_slots: torch.Tensor) -> torch.Tensor:
+        """Attention over [shared prefix, own suffix] with one softmax. qb (KVH, R, E*G, D);
+        suffix_scores (KVH, R, E*G, S) scaled and masked; vb (KVH, R, S, D). Returns (KVH, R, E*G, D)."""
+        kvh, r, rows, d = qb.shape
+        kp = k_buf.index_select(1, prefix_slots)  # (KVH, P, D), gathered once for the whole block
+        vp = v_buf.index_select(1, prefix_slots)
+        prefix_scores = torch.matmul(qb.reshape(kvh, r * rows, d), kp.transpose(-1, -2)).mul_(self.scaling)
+        suffix_scores = suffix_scores.reshape(kvh, r * rows, -1)
+        m = torch.maximum(prefix_scores.amax(-1, keepdim=True), suffix_scores.amax(-1, keepdim=True))
+        ep = prefix_scores.sub_(m).exp_()
+        es = suffix_scores.sub_(m).exp_()
+        z = ep.sum(-1, keepdim=True).add_(es.sum(-1, keepdim=True))
+        o = torch.matmul(ep, vp).add_(torch.matmul(es.view(kvh, r, rows, -1), vb).view(kvh, r * rows, d))
+        return o.div_(z).view(kvh, r, rows, d)
+
+
+def _tensor(values: list[int], device: torch.device) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.int64, device=device)

@@ -36,8 +36,9 @@ def native_view(setup, batch):
     per_req = {}
     for block in fb.attn_metadata:
         slots = block.slots.view(block.num_reqs, block.num_keys)
+        shared = [] if block.prefix_slots is None else block.prefix_slots.tolist()  # a cascade block
         for j, i in enumerate(block.req_ids):
-            per_req[i] = slots[j, :seq_lens[i]].tolist()
+            per_req[i] = shared + slots[j, :seq_lens[i] - len(shared)].tolist()
     return [per_req[i] for i in range(batch.batch_size)]
 
 

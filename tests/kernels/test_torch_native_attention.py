@@ -9,7 +9,8 @@ import random
 import pytest
 import torch
 
-from radixlm.kernels.attention.torch_native import PAD_FACTOR, PAD_SLACK, TorchNativeAttnBackend, plan_blocks
+from radixlm.kernels.attention.torch_native import (CASCADE_MIN_PREFIX, PAD_FACTOR, PAD_SLACK, TorchNativeAttnBackend,
+                                                   plan_blocks)
 from radixlm.srt.forward_batch import ForwardBatch
 from tests.kernels.paged_batches import cache_prompt, finish_step, make_setup, mixed_prompts, schedule_decode, schedule_extend
 
@@ -95,6 +96,33 @@ def test_many_random_batches_match_reference():
         _, out, ref = run(setup, batch, seed=100 + trial)
         torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
     assert multi_block >= 2  # the blocked path (several blocks in one forward) was exercised
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_shared_prefix_cascade_matches_reference(page_size):
+    """Requests hitting one cached prefix attend to it as a cascade block (prefix K/V gathered once,
+    one softmax over prefix + suffix); others in the same batch take the ordinary path."""
+    rng = random.Random(page_size)
+    setup = hnd_setup(page_size)
+    shared = [rng.randrange(3, 500) for _ in range(100)]
+    other = [rng.randrange(3, 500) for _ in range(70)]
+    cache_prompt(setup, shared)
+    cache_prompt(setup, other)
+    prompts = [shared + [rng.randrange(3, 500) for _ in range(n)] for n in (1, 3, 17, 40, 9)]
+    prompts += [other + [5, 6], [7] * 12]  # a lone hit on another prefix, and a fresh prompt
+    reqs, batch = schedule_extend(setup, prompts)
+    fb, out, ref = run(setup, batch, seed=5)
+    cascades = [b for b in fb.attn_metadata if b.prefix_slots is not None]
+    assert len(cascades) >= 1 and sorted(i for b in cascades for i in b.req_ids) == [0, 1, 2, 3, 4]
+    assert all(b.prefix_slots.numel() >= CASCADE_MIN_PREFIX for b in cascades)
+    torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
+    finish_step(reqs)
+    for step in range(3):  # decode: every request's cached prefix now covers its prompt
+        batch = schedule_decode(setup, reqs)
+        fb, out, ref = run(setup, batch, seed=6 + step)
+        assert any(b.prefix_slots is not None and len(b.req_ids) >= 5 for b in fb.attn_metadata)
+        torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
+        finish_step(reqs)
 
 
 def test_a_row_does_not_depend_on_its_batch():
