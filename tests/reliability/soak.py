@@ -1,8 +1,11 @@
 """The seeded mixed-load generator of the soak tests (``test_soak.py``) and its bookkeeping.
 
-``make_jobs(n, seed, routes)`` draws the requests; ``run_load(url, jobs, concurrency)`` sends them
-with asyncio + httpx (some clients disconnect at a random point, some requests are aborted by rid
-through ``/abort_request``) and fills in each job's outcome; ``replay_alone(client, job)`` sends one
+``make_jobs(n, seed, routes)`` draws the requests; ``run_load(url, jobs, concurrency, wave_size)``
+sends them with asyncio + httpx (some clients disconnect at a random point, some requests are
+aborted by rid through ``/abort_request``) and fills in each job's outcome. Load comes in waves
+(bursts separated by a moment of idleness, as real traffic does): the scheduler turns optimistic
+again whenever it idles, so each wave over-admits on a small pool and must retract, where one long
+continuous burst retracts only until the scheduler's estimate has adapted; ``replay_alone(client, job)`` sends one
 job, non-streaming, as the only request of a server whose cache was just flushed.
 """
 
@@ -59,7 +62,10 @@ class Job:
                 and not self.aborted and self.texts is not None)
 
 
-def make_jobs(num: int, seed: int, routes: set[str], max_tokens: tuple[int, int] = (4, 24)) -> list[Job]:
+def make_jobs(num: int, seed: int, routes: set[str], max_tokens: tuple[int, int] = (4, 24),
+              ignore_eos_share: float = 0.5) -> list[Job]:
+    """``num`` seeded jobs; ``max_tokens`` is the (min, max) output length drawn per request and
+    ``ignore_eos_share`` the fraction that runs to that length (the memory pressure)."""
     rng = random.Random(seed)
     apis = ["native"] + [a for a, p in (("completions", "/v1/completions"), ("chat", "/v1/chat/completions"))
                          if p in routes]
@@ -71,7 +77,7 @@ def make_jobs(num: int, seed: int, routes: set[str], max_tokens: tuple[int, int]
         n = 2 if rng.random() < 0.15 else 1
         stream = rng.random() < 0.4
         max_new = rng.randint(*max_tokens)
-        ignore_eos = rng.random() < 0.5  # long outputs: the memory pressure that forces retraction
+        ignore_eos = rng.random() < ignore_eos_share  # long outputs: the memory pressure that forces retraction
         grammar: dict[str, Any] = {}
         r = rng.random()
         if r < 0.1:
@@ -191,17 +197,33 @@ async def _run_job(client: httpx.AsyncClient, job: Job, sem: asyncio.Semaphore) 
             await aborter
 
 
-async def _load(url: str, jobs: list[Job], concurrency: int, timeout_s: float) -> None:
+async def _wait_idle(client: httpx.AsyncClient, timeout_s: float) -> None:
+    """Until the scheduler runs and queues nothing (requests of gone clients are aborted by then)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        state = (await client.get("/get_server_info")).json()["internal_state"]
+        if state["num_running_reqs"] == 0 and state["num_waiting_reqs"] == 0:
+            return
+        assert time.monotonic() < deadline, f"scheduler still busy {timeout_s} s after a wave: {state}"
+        await asyncio.sleep(0.05)
+
+
+async def _load(url: str, jobs: list[Job], concurrency: int, wave_size: int, timeout_s: float) -> None:
     limits = httpx.Limits(max_connections=concurrency * 2, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(base_url=url, timeout=timeout_s, limits=limits) as client:
         sem = asyncio.Semaphore(concurrency)
-        await asyncio.gather(*(_run_job(client, job, sem) for job in jobs))
+        for start in range(0, len(jobs), wave_size):
+            await asyncio.gather(*(_run_job(client, job, sem) for job in jobs[start:start + wave_size]))
+            await _wait_idle(client, timeout_s=60.0)
 
 
-def run_load(url: str, jobs: list[Job], concurrency: int, timeout_s: float = 600.0) -> float:
-    """Send every job; returns the wall time in seconds. A client timeout raises (a hang)."""
+def run_load(url: str, jobs: list[Job], concurrency: int, wave_size: Optional[int] = None,
+             timeout_s: float = 600.0) -> float:
+    """Send every job, ``wave_size`` at a time (all at once if None), at most ``concurrency`` in
+    flight, waiting for the scheduler to idle after each wave; returns the wall time in seconds.
+    A client timeout raises (a hang)."""
     t0 = time.monotonic()
-    asyncio.run(_load(url, jobs, concurrency, timeout_s))
+    asyncio.run(_load(url, jobs, concurrency, wave_size or len(jobs) or 1, timeout_s))
     return time.monotonic() - t0
 
 
