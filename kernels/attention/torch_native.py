@@ -70,6 +70,9 @@ class AttnBlock:
     slots: torch.Tensor
     masked: torch.Tensor
     prefix_slots: Optional[torch.Tensor] = None
+    # Gather buffers (KVH, R * S, D) and (KVH, P, D) for K and V, allocated once per forward and
+    # reused by every layer (no fresh multi-MB allocation per layer).
+    work: Optional[list[torch.Tensor]] = None
 
 
 def plan_blocks(prefix_lens: list[int], extend_lens: list[int]) -> list[list[int]]:
@@ -126,6 +129,10 @@ class TorchNativeAttnBackend(AttentionBackend):
             sub = plan_blocks([fb.prefix_lens[i] - shared for i in idx], [fb.extend_lens[i] for i in idx])
             blocks += [(shared, sorted(idx[j] for j in b)) for b in sub]
         fb.attn_metadata = [self._block(fb, idx, starts, shared) for shared, idx in blocks]
+        k_buf = fb.kv_pool.get_kv(0)[0]
+        for b in fb.attn_metadata:
+            sizes = [b.slots.numel()] * 2 + ([b.prefix_slots.numel()] * 2 if b.prefix_slots is not None else [])
+            b.work = [k_buf.new_empty(self.num_kv_heads, n, self.head_dim) for n in sizes]
 
     @staticmethod
     def _shared_prefix_groups(fb: "ForwardBatch") -> list[tuple[int, list[int]]]:
@@ -199,15 +206,17 @@ class TorchNativeAttnBackend(AttentionBackend):
             qb = qv if b.q_index is None else qv.index_select(0, b.q_index)
             # (R*E, KVH, G, D) -> (KVH, R, E*G, D)
             qb = qb.view(b.num_reqs, b.num_rows, kvh, g, d).permute(2, 0, 1, 3, 4).reshape(kvh, b.num_reqs, -1, d)
-            kb = k_buf.index_select(1, b.slots).view(kvh, b.num_reqs, b.num_keys, d)
-            vb = v_buf.index_select(1, b.slots).view(kvh, b.num_reqs, b.num_keys, d)
+            kb = torch.index_select(k_buf, 1, b.slots, out=b.work[0]).view(kvh, b.num_reqs, b.num_keys, d)
+            vb = torch.index_select(v_buf, 1, b.slots, out=b.work[1]).view(kvh, b.num_reqs, b.num_keys, d)
             scores = torch.matmul(qb, kb.transpose(-1, -2)).mul_(self.scaling)  # (KVH, R, E*G, S)
             scores = scores.view(kvh, b.num_reqs, b.num_rows, g, b.num_keys).masked_fill_(b.masked, float("-inf"))
             if b.prefix_slots is None:
                 probs = scores.softmax(dim=-1).view(kvh, b.num_reqs, -1, b.num_keys)
                 o = torch.matmul(probs, vb)
             else:
-                o = self._cascade(qb, scores.view(kvh, b.num_reqs, -1, b.num_keys), vb, k_buf, v_buf, b.prefix_slots)
+                kp = torch.index_select(k_buf, 1, b.prefix_slots, out=b.work[2])  # (KVH, P, D), once per block
+                vp = torch.index_select(v_buf, 1, b.prefix_slots, out=b.work[3])
+                o = self._cascade(qb, scores.view(kvh, b.num_reqs, -1, b.num_keys), vb, kp, vp)
             o = o.view(kvh, b.num_reqs * b.num_rows, g, d).permute(1, 0, 2, 3)
             if b.q_index is None:
                 return o.reshape(q.shape[0], -1)
@@ -216,13 +225,12 @@ class TorchNativeAttnBackend(AttentionBackend):
             out.index_copy_(0, b.out_rows, o.index_select(0, b.valid))
         return out.view(q.shape[0], -1)
 
-    def _cascade(self, qb: torch.Tensor, suffix_scores: torch.Tensor, vb: torch.Tensor, k_buf: torch.Tensor,
-                 v_buf: torch.Tensor, prefix_slots: torch.Tensor) -> torch.Tensor:
+    def _cascade(self, qb: torch.Tensor, suffix_scores: torch.Tensor, vb: torch.Tensor, kp: torch.Tensor,
+                 vp: torch.Tensor) -> torch.Tensor:
         """Attention over [shared prefix, own suffix] with one softmax. qb (KVH, R, E*G, D);
-        suffix_scores (KVH, R, E*G, S) scaled and masked; vb (KVH, R, S, D). Returns (KVH, R, E*G, D)."""
+        suffix_scores (KVH, R, E*G, S) scaled and masked; vb (KVH, R, S, D); kp, vp (KVH, P, D) the
+        shared prefix's K/V. Returns (KVH, R, E*G, D)."""
         kvh, r, rows, d = qb.shape
-        kp = k_buf.index_select(1, prefix_slots)  # (KVH, P, D), gathered once for the whole block
-        vp = v_buf.index_select(1, prefix_slots)
         prefix_scores = torch.matmul(qb.reshape(kvh, r * rows, d), kp.transpose(-1, -2)).mul_(self.scaling)
         suffix_scores = suffix_scores.reshape(kvh, r * rows, -1)
         m = torch.maximum(prefix_scores.amax(-1, keepdim=True), suffix_scores.amax(-1, keepdim=True))
