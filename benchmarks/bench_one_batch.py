@@ -2,7 +2,8 @@
 
 Drives the Scheduler in-process (no HTTP), like SGLang's ``bench_one_batch``: for each batch size ×
 input length × output length it reports prefill throughput, decode throughput and the scheduler's
-per-step overhead (step time minus model forward + sampling).
+per-step CPU overhead of the scheduler and runner (step time minus the model's forward itself:
+batch building, KV allocation, attention metadata, sampling, result processing).
 
 It also measures this machine's fp32 matmul peak in the same run (a square ``torch.mm`` and a
 decode-shaped one) and reports the decode's model FLOP/s against it: FLOPs per token = 2 × (the
@@ -40,18 +41,20 @@ def run_case(engine: Engine, bs: int, in_len: int, out_len: int, seed: int) -> d
         sched.step()
     t1 = time.perf_counter()
     timing0 = dict(sched.timing)
+    runner = engine.worker.model_runner
+    model0 = runner.model_time_s
     steps = 0
     while sched.step():
         steps += 1
     t2 = time.perf_counter()
     engine._outbox.clear()
     dt = sched.timing["step_s"] - timing0["step_s"]
-    fwd = sched.timing["forward_s"] - timing0["forward_s"]
+    model_s = runner.model_time_s - model0  # the model's forward alone: the rest is scheduler + runner overhead
     nsteps = max(sched.timing["steps"] - timing0["steps"], 1)
     return {"batch": bs, "input_len": in_len, "output_len": out_len,
             "prefill_s": t1 - t0, "prefill_tok_s": bs * in_len / (t1 - t0),
             "decode_s": t2 - t1, "decode_tok_s": bs * (out_len - 1) / max(t2 - t1, 1e-9),
-            "decode_step_ms": 1000 * dt / nsteps, "overhead_ms_per_step": 1000 * (dt - fwd) / nsteps}
+            "decode_step_ms": 1000 * dt / nsteps, "overhead_ms_per_step": 1000 * (dt - model_s) / nsteps}
 
 
 def matmul_peak_gflops(m: int, k: int, n: int, seconds: float = 1.0) -> float:

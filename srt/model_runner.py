@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 
 import torch
 
@@ -65,6 +66,8 @@ class ModelRunner:
         from radixlm.srt.cuda_graph_runner import CudaGraphRunner
 
         self.cuda_graph_runner = CudaGraphRunner.maybe_create(self)  # None on CPU or --disable-cuda-graph
+        # Seconds spent inside the model's forward (benchmarks subtract it to get per-step overhead).
+        self.model_time_s = 0.0
 
     def _init_memory_pool(self) -> None:
         args, mc = self.server_args, self.model_config
@@ -97,7 +100,10 @@ class ModelRunner:
         if self.cuda_graph_runner is not None and self.cuda_graph_runner.can_run(batch):
             return self.cuda_graph_runner.replay(batch)
         fb = ForwardBatch.init_new(batch, self.req_to_token_pool, self.kv_pool, self.attn_backend, self.device)
-        return self.model(fb.input_ids, fb.positions, fb)
+        t0 = time.perf_counter()
+        logits = self.model(fb.input_ids, fb.positions, fb)
+        self.model_time_s += time.perf_counter() - t0  # on CUDA: launch time only (no sync)
+        return logits
 
 
 def _device_memory(device: torch.device) -> int:

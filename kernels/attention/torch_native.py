@@ -144,7 +144,7 @@ class TorchNativeAttnBackend(AttentionBackend):
             return [(0, list(range(bs)))]
         table = fb.req_to_token_pool.req_to_token
         rows = fb.req_pool_indices
-        first = table.index_select(0, rows)[:, 0].tolist()
+        first = table[:, 0].index_select(0, rows).tolist()
         by_first: dict[int, list[int]] = {}
         for i in eligible:
             by_first.setdefault(first[i], []).append(i)
@@ -152,7 +152,7 @@ class TorchNativeAttnBackend(AttentionBackend):
         for members in by_first.values():
             limit = min(fb.prefix_lens[i] for i in members)
             if len(members) > 1:
-                block = table.index_select(0, rows.index_select(0, _tensor(members, rows.device)))[:, :limit]
+                block = table[:, :limit].index_select(0, rows.index_select(0, _tensor(members, rows.device)))
                 differs = (block != block[:1]).any(0).nonzero()
                 shared = int(differs[0]) if differs.numel() else limit
                 if shared >= CASCADE_MIN_PREFIX:
@@ -173,7 +173,7 @@ class TorchNativeAttnBackend(AttentionBackend):
         ext_t, pre_t = _tensor(ext, dev), _tensor(pre, dev)
         ar_e, ar_s = torch.arange(e, device=dev), torch.arange(s, device=dev)
         rows = fb.req_pool_indices if whole else fb.req_pool_indices.index_select(0, _tensor(idx, dev))
-        slots = table.index_select(0, rows)[:, shared:shared + s]
+        slots = table[:, shared:shared + s].index_select(0, rows)  # only the columns in use
         slots = slots.masked_fill(ar_s[None, :] >= (pre_t + ext_t)[:, None], 0).reshape(-1)
         masked = (ar_s[None, None, :] > (pre_t[:, None] + ar_e[None, :])[:, :, None]).unsqueeze(2)
         prefix_slots = table[rows[0], :shared].clone() if shared else None
