@@ -14,8 +14,7 @@ import argparse
 import random
 import time
 
-import torch
-from common import print_table, random_ids, resolve_model, write_json
+from common import hf_generate, load_hf_model, print_table, random_ids, resolve_model, write_json
 
 from radixlm.srt.engine import Engine
 
@@ -43,20 +42,11 @@ def run_radixlm(path, prompts, out_len, **kwargs) -> dict:
 
 
 def run_transformers(path, prompts, out_len, batch_size: int) -> dict:
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    model = load_hf_model(path)
     outs = []
     t0 = time.perf_counter()
-    with torch.no_grad():
-        for i in range(0, len(prompts), batch_size):
-            chunk = prompts[i:i + batch_size]
-            width = max(map(len, chunk))
-            ids = torch.tensor([[0] * (width - len(p)) + p for p in chunk])  # left padding
-            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk])
-            g = model.generate(ids, attention_mask=mask, max_new_tokens=out_len, min_new_tokens=out_len,
-                               do_sample=False, pad_token_id=0)
-            outs += g[:, width:].tolist()
+    for i in range(0, len(prompts), batch_size):
+        outs += hf_generate(model, prompts[i:i + batch_size], out_len)
     return {"seconds": time.perf_counter() - t0, "cache_hit_rate": 0.0, "outputs": outs}
 
 

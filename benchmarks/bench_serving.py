@@ -2,8 +2,11 @@
 
 Backends: ``radixlm`` / ``sglang`` (native ``POST /generate``, SSE stream of cumulative events with
 ``meta_info.cached_tokens``), ``openai`` (``/v1/completions``) and ``openai-chat``
-(``/v1/chat/completions``) for vLLM, llama.cpp's ``llama-server``, ``transformers serve`` or
-radixlm's own ``/v1``. Every request streams, so TTFT and inter-token latencies are real.
+(``/v1/chat/completions``) for vLLM, llama.cpp's ``llama-server`` or radixlm's own ``/v1``;
+``hf-serve`` (``transformers serve``'s ``/v1/completions``, EOS disabled through its
+``generation_config`` field since it rejects ``ignore_eos``). Every request streams, so TTFT and
+inter-token latencies are real. ``hf-static`` is no server: transformers static-batch ``generate`` in
+this process (``--base-url hf-static=<model folder>``, see ``run_hf_static``).
 
     python benchmarks/bench_serving.py --backend radixlm --base-url http://127.0.0.1:30000 \\
         --tokenizer stories260k --dataset-name generated-shared-prefix --max-concurrency 8
@@ -12,13 +15,14 @@ radixlm's own ``/v1``. Every request streams, so TTFT and inter-token latencies 
         --base-url radixlm=http://127.0.0.1:30000 --backend radixlm \\
         --base-url vllm=http://127.0.0.1:8000 --backend openai
 
-``--backend`` / ``--model`` are given once (all targets) or once per ``--base-url``. Arrivals:
-``--request-rate R`` (Poisson, requests/s; ``inf`` = all at once), optionally capped by
-``--max-concurrency``. Metrics (see ``compute_metrics``): request / input / output token throughput,
-TTFT, TPOT (per request: (latency - TTFT) / (output tokens - 1)), ITL (gaps between streamed chunks),
-end-to-end latency (mean, p50, p99, ms), cache hit rate = cached prompt tokens / prompt tokens (from
-``meta_info.cached_tokens``, ``usage.prompt_tokens_details.cached_tokens`` or llama-server's
-``timings.cache_n``; null if the server reports none), successes and failures. One JSON per run.
+``--backend`` / ``--model`` / ``--json-schema-field`` are given once (all targets) or once per
+``--base-url``. Arrivals: ``--request-rate R`` (Poisson, requests/s; ``inf`` = all at once),
+optionally capped by ``--max-concurrency``. Metrics (see ``compute_metrics``): request / input /
+output token throughput, TTFT, TPOT (per request: (latency - TTFT) / (output tokens - 1)), ITL (gaps
+between streamed chunks), end-to-end latency (mean, p50, p99, ms), cache hit rate = cached prompt
+tokens / prompt tokens (from ``meta_info.cached_tokens``, ``usage.prompt_tokens_details.cached_tokens``
+or llama-server's ``timings.cache_n``; null if the server reports none), successes and failures. One
+JSON per run.
 """
 
 from __future__ import annotations
@@ -56,7 +60,8 @@ ds = _load_sibling("datasets")
 common = _load_sibling("common")
 BenchRequest = ds.BenchRequest
 NATIVE = ("radixlm", "sglang")
-BACKENDS = (*NATIVE, "openai", "openai-chat")
+BACKENDS = (*NATIVE, "openai", "openai-chat", "hf-serve", "hf-static")
+SCHEMA_FIELDS = ("auto", "json_schema", "response_format", "none")
 
 
 @dataclass
@@ -65,6 +70,7 @@ class Target:
     url: str
     backend: str
     model: Optional[str] = None
+    json_schema_field: str = "auto"  # how json-schema requests carry the schema; "none": unconstrained
 
 
 @dataclass
@@ -76,17 +82,18 @@ class RequestOutput:
     prompt_len: int = 0
     output_len: int = 0
     cached_tokens: Optional[int] = None
-    ttft: float = 0.0
+    ttft: Optional[float] = 0.0  # None: not measurable (hf-static has no stream)
     latency: float = 0.0
     itl: list[float] = field(default_factory=list)
     text: str = ""
+    output_ids: Optional[list[int]] = None  # hf-static only
 
 
 # ---------------------------------------------------------------- request functions
 
-def _native_payload(req: BenchRequest, prompt: str, args: argparse.Namespace) -> dict:
+def _native_payload(target: Target, req: BenchRequest, prompt: str, args: argparse.Namespace) -> dict:
     sp = {"temperature": args.temperature, "max_new_tokens": req.output_len, "ignore_eos": req.ignore_eos}
-    if req.json_schema is not None:
+    if req.json_schema is not None and target.json_schema_field != "none":
         sp["json_schema"] = json.dumps(req.json_schema)
     return {"text": prompt, "sampling_params": sp, "stream": True}
 
@@ -94,14 +101,20 @@ def _native_payload(req: BenchRequest, prompt: str, args: argparse.Namespace) ->
 def _openai_payload(target: Target, req: BenchRequest, prompt: Any, args: argparse.Namespace) -> dict:
     body = {"model": target.model, "max_tokens": req.output_len, "temperature": args.temperature,
             "stream": True, "stream_options": {"include_usage": True}}
-    if req.ignore_eos:
+    if target.backend == "hf-serve":  # transformers serve answers 422 to fields it does not know
+        del body["stream_options"]  # (it always sends usage in the last chunk)
+        if req.ignore_eos:  # replaces the model's generation config; max_tokens / temperature still apply
+            body["generation_config"] = json.dumps({"eos_token_id": -1})
+    elif req.ignore_eos:
         body["ignore_eos"] = True  # vLLM, llama-server and SGLang accept it as an extra field
-    field = args.json_schema_field
+    field = target.json_schema_field
     if field == "auto":  # SGLang / radixlm / llama-server: completions take json_schema, chat response_format
         field = "response_format" if target.backend == "openai-chat" else "json_schema"
-    if req.json_schema is not None and field == "json_schema":
+    if req.json_schema is None or field == "none":
+        pass
+    elif field == "json_schema":
         body["json_schema"] = req.json_schema
-    elif req.json_schema is not None:
+    else:
         body["response_format"] = {"type": "json_schema", "json_schema": {"name": "answer", "schema": req.json_schema}}
     body["messages" if target.backend == "openai-chat" else "prompt"] = prompt
     return body
@@ -124,7 +137,7 @@ async def send_request(client: httpx.AsyncClient, target: Target, req: BenchRequ
     out = RequestOutput(prompt_len=req.prompt_len)
     native = target.backend in NATIVE
     if native:
-        path, body = "/generate", _native_payload(req, prompt, args)
+        path, body = "/generate", _native_payload(target, req, prompt, args)
     else:
         path = "/v1/chat/completions" if target.backend == "openai-chat" else "/v1/completions"
         body = _openai_payload(target, req, prompt, args)
@@ -194,10 +207,11 @@ def _stats(values: list[float], scale: float = 1000.0) -> dict[str, Optional[flo
 def compute_metrics(outputs: list[RequestOutput], duration_s: float) -> dict[str, Any]:
     """Aggregate metrics of one run. Latencies in ms; throughputs per second of ``duration_s``.
     TPOT only counts requests with > 1 output token; the cache hit rate only requests that reported
-    ``cached_tokens`` (None when none did)."""
+    ``cached_tokens`` (None when none did); TTFT / TPOT / ITL are None when no request streamed."""
     ok = [o for o in outputs if o.success]
     n_in, n_out = sum(o.prompt_len for o in ok), sum(o.output_len for o in ok)
-    tpots = [(o.latency - o.ttft) / (o.output_len - 1) for o in ok if o.output_len > 1]
+    streamed = [o for o in ok if o.ttft is not None]
+    tpots = [(o.latency - o.ttft) / (o.output_len - 1) for o in streamed if o.output_len > 1]
     reported = [o for o in ok if o.cached_tokens is not None]
     hit = (sum(o.cached_tokens for o in reported) / max(1, sum(o.prompt_len for o in reported))) if reported else None
     m: dict[str, Any] = {
@@ -209,7 +223,7 @@ def compute_metrics(outputs: list[RequestOutput], duration_s: float) -> dict[str
         "cache_hit_rate": hit,
         "concurrency": sum(o.latency for o in ok) / duration_s if duration_s > 0 else 0.0,
     }
-    for name, vals in (("ttft_ms", [o.ttft for o in ok]), ("tpot_ms", tpots),
+    for name, vals in (("ttft_ms", [o.ttft for o in streamed]), ("tpot_ms", tpots),
                        ("itl_ms", [x for o in ok for x in o.itl]), ("e2e_latency_ms", [o.latency for o in ok])):
         for k, v in _stats(vals).items():
             m[f"{k}_{name}"] = v
@@ -315,6 +329,49 @@ async def benchmark(target: Target, requests: list[BenchRequest], args, tokenize
                          for o in outputs]}
 
 
+def hf_static_generate(model_path: str, requests: list[BenchRequest], tokenizer: Any, batch_size: int,
+                       threads: Optional[int] = None) -> tuple[list[RequestOutput], float]:
+    """transformers static batching in this process: the requests in order, ``batch_size`` at a time,
+    each batch one ``generate`` call (fp32, greedy, left padding, ``min_new_tokens = max_new_tokens`` =
+    the batch's longest output length; a request keeps its own ``output_len`` tokens, the rest of its
+    row is the waste static batching pays). Prompts are tokenized with special tokens (BOS), as a
+    server does. Every request is taken as arrived at the start, so its latency (s) is the end of its
+    batch minus the start of the first; TTFT and ITL are not measurable (None / empty). ``threads``
+    sets ``torch.set_num_threads``. One 4-token warm-up batch runs first, untimed. Returns the outputs
+    and the duration (s)."""
+    import torch
+
+    if threads:
+        torch.set_num_threads(threads)
+    model = common.load_hf_model(model_path)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    prompts = [tokenizer.encode(r.prompt) for r in requests]
+    common.hf_generate(model, prompts[:1], 4, pad)
+    outs: list[RequestOutput] = []
+    t0 = time.perf_counter()
+    for i in range(0, len(requests), batch_size):
+        batch = requests[i:i + batch_size]
+        new = common.hf_generate(model, prompts[i:i + batch_size], max(r.output_len for r in batch), pad)
+        end = time.perf_counter() - t0
+        for r, p, ids in zip(batch, prompts[i:i + batch_size], new):
+            ids = ids[:r.output_len]
+            outs.append(RequestOutput(success=True, prompt_len=len(p), output_len=len(ids), ttft=None, latency=end,
+                                      text=tokenizer.decode(ids), output_ids=ids))
+    return outs, time.perf_counter() - t0
+
+
+def run_hf_static(target: Target, requests: list[BenchRequest], args, tokenizer) -> dict:
+    """``hf_static_generate`` on ``target.url`` (a model folder) as a target result like ``benchmark``'s.
+    Single-turn workloads without a JSON schema only (``RuntimeError`` otherwise: reported skipped)."""
+    if any(r.conversation is not None or r.json_schema is not None for r in requests):
+        raise RuntimeError("hf-static runs single-turn unconstrained workloads only")
+    outputs, duration = hf_static_generate(target.url, requests, tokenizer, args.hf_batch_size, args.hf_threads)
+    return {"label": target.label, "backend": target.backend, "base_url": target.url, "model": target.url,
+            "metrics": {**compute_metrics(outputs, duration), "batch_size": args.hf_batch_size},
+            "errors": [], "requests": [{"success": o.success, "prompt_len": o.prompt_len, "output_len": o.output_len,
+                                        "cached_tokens": None, "ttft": None, "latency": o.latency} for o in outputs]}
+
+
 def _valid_json(text: str) -> bool:
     try:
         return isinstance(json.loads(text), dict)
@@ -351,27 +408,33 @@ def report(results: list[dict]) -> list[dict]:
 def parse_targets(args: argparse.Namespace) -> list[Target]:
     urls = args.base_url or ["http://127.0.0.1:30000"]
     n = len(urls)
-    for name in ("backend", "model"):
+    for name in ("backend", "model", "json_schema_field"):
         vals = getattr(args, name) or []
         if len(vals) not in (0, 1, n):
-            raise SystemExit(f"--{name} given {len(vals)} times; give it once or once per --base-url ({n})")
+            raise SystemExit(f"--{name.replace('_', '-')} given {len(vals)} times; give it once or once per "
+                             f"--base-url ({n})")
     backends = args.backend or ["radixlm"]
     models = args.model or [None]
+    fields = args.json_schema_field or ["auto"]
     targets = []
     for i, spec in enumerate(urls):
         label, _, url = spec.rpartition("=") if "=" in spec.split("://")[0] else ("", "", spec)
         backend = backends[i if len(backends) == n else 0]
         if backend not in BACKENDS:
             raise SystemExit(f"unknown backend {backend!r}; one of {BACKENDS}")
+        schema_field = fields[i if len(fields) == n else 0]
+        if schema_field not in SCHEMA_FIELDS:
+            raise SystemExit(f"unknown --json-schema-field {schema_field!r}; one of {SCHEMA_FIELDS}")
         targets.append(Target(label or f"{backend}{i if n > 1 else ''}", url.rstrip("/"), backend,
-                              models[i if len(models) == n else 0]))
+                              models[i if len(models) == n else 0], schema_field))
     return targets
 
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="bench_serving", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--base-url", action="append", help="[LABEL=]URL; repeat to compare servers")
+    ap.add_argument("--base-url", action="append", help="[LABEL=]URL; repeat to compare servers "
+                                                        "(hf-static: [LABEL=]MODEL_FOLDER)")
     ap.add_argument("--backend", action="append", help=f"one of {BACKENDS}; once, or once per --base-url")
     ap.add_argument("--model", action="append", help="served model name for OpenAI backends (default: /v1/models)")
     ap.add_argument("--tokenizer", help="tokenizer folder or stories260k / smollm2 (default: the model "
@@ -385,9 +448,14 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-warmup", action="store_true")
     ap.add_argument("--no-flush-cache", action="store_true", help="skip POST /flush_cache after the warm-up")
     ap.add_argument("--disable-tqdm", action="store_true")
-    ap.add_argument("--json-schema-field", choices=("auto", "json_schema", "response_format"), default="auto",
-                    help="OpenAI backends: how json-schema requests carry the schema (auto: json_schema for "
-                         "/v1/completions, response_format for chat; vLLM's completions want response_format)")
+    ap.add_argument("--json-schema-field", action="append",
+                    help=f"one of {SCHEMA_FIELDS}; once, or once per --base-url. How json-schema requests carry "
+                         "the schema on OpenAI backends (auto: json_schema for /v1/completions, response_format "
+                         "for chat; vLLM's completions want response_format); none: send no schema (the "
+                         "unconstrained baseline on the same prompts, any backend)")
+    ap.add_argument("--hf-batch-size", type=int, default=32, help="hf-static: requests per generate call")
+    ap.add_argument("--hf-threads", type=int, default=None,
+                    help="hf-static: torch.set_num_threads (default: torch's, i.e. OMP_NUM_THREADS)")
     ap.add_argument("--output", default="bench_results/bench_serving.json")
     ds.add_dataset_args(ap)
     return ap
@@ -400,6 +468,8 @@ def _tokenizer_source(args: argparse.Namespace, targets: list[Target]) -> str:
         return args.tokenizer
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     for t in targets:
+        if t.backend == "hf-static":
+            return t.url
         for route, pick in (("/get_model_info", lambda d: d.get("model_path")),
                             ("/v1/models", lambda d: d["data"][0].get("root"))):
             try:
@@ -412,10 +482,13 @@ def _tokenizer_source(args: argparse.Namespace, targets: list[Target]) -> str:
 
 
 def _run_target(target: Target, requests: list[BenchRequest], args, tokenizer) -> dict:
-    """``benchmark`` one target; an unreachable server or failed warm-up marks it skipped."""
+    """``benchmark`` one target (``run_hf_static`` for hf-static); an unreachable server, a failed
+    warm-up or an unsupported workload marks it skipped."""
     try:
+        if target.backend == "hf-static":
+            return run_hf_static(target, requests, args, tokenizer)
         return asyncio.run(benchmark(target, requests, args, tokenizer))
-    except (httpx.HTTPError, RuntimeError, KeyError, ValueError) as e:
+    except (httpx.HTTPError, RuntimeError, KeyError, ValueError, OSError) as e:
         return {"label": target.label, "backend": target.backend, "base_url": target.url, "model": target.model,
                 "skipped": f"{type(e).__name__}: {e}"[:500], "metrics": {}, "errors": [], "requests": []}
 

@@ -6,12 +6,23 @@
 #   bash benchmarks/peers/run_peers.sh [bench_serving flags...]
 #   bash benchmarks/peers/run_peers.sh --dataset-name generated-shared-prefix --gsp-num-groups 8 \
 #       --gsp-prompts-per-group 16 --gsp-system-prompt-len 512 --gsp-question-len 32 --gsp-output-len 32
+#   bash benchmarks/peers/run_peers.sh --exec CMD [ARGS...]   # run CMD instead of one bench_serving,
+#       # with BENCH_TARGETS = the bench_serving flags of the started targets (shell-quoted; what
+#       # run_suite.py reads to run several workloads against the same servers)
+#
+# Targets (labels): radixlm, radixlm-nocache (--disable-radix-cache), vllm, llama-server, hf-serve
+# (`transformers serve --continuous-batching`), hf-static (transformers static-batch generate, run
+# inside bench_serving: no server). PEERS picks them (space-separated labels); the default is
+# "radixlm vllm llama-server", plus radixlm-nocache with NO_CACHE=1, hf-static with HF_STATIC=1 and
+# hf-serve with HF_SERVE=1.
 #
 # Environment: MODEL_DIR (default: radixlm's SmolLM2 folder; vLLM refuses stories260K), THREADS (2),
-# PEERS_DIR / RADIXLM_PEERS_DIR (where install_vllm_cpu.sh / build_llama_server.sh put things),
-# NO_CACHE=1 (also radixlm --disable-radix-cache), LLAMA_NP (llama-server slots, 64),
-# VLLM_KV_GB (vLLM's CPU KV cache, 4), START_TIMEOUT (s, 600), RADIXLM_PYTHON (python3).
-# The servers stay up together while each is benchmarked in turn: the idle ones cost little CPU.
+# PEERS_DIR / RADIXLM_PEERS_DIR (where the install scripts put things), RADIXLM_ARGS (extra radixlm
+# server flags), LLAMA_NP (llama-server slots, 64), LLAMA_GGUF (default: the SmolLM2 f32 GGUF of
+# build_llama_server.sh, used only when MODEL_DIR is the default SmolLM2 folder), VLLM_KV_GB (vLLM's
+# CPU KV cache, 4), HF_CB_BLOCKS (transformers serve KV blocks of 256 tokens, 256), START_TIMEOUT (s,
+# 600), RADIXLM_PYTHON (python3). The servers stay up together while each is benchmarked in turn:
+# the idle ones cost little CPU.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -20,8 +31,16 @@ PY="${RADIXLM_PYTHON:-python3}"
 THREADS="${THREADS:-2}"
 START_TIMEOUT="${START_TIMEOUT:-600}"
 LOGS="$(mktemp -d /tmp/radixlm-peers.XXXXXX)"
-MODEL_DIR="${MODEL_DIR:-$("$PY" -c 'from radixlm.srt.model_loader import resolve_model_path; print(resolve_model_path(None))')}"
+DEFAULT_MODEL="$("$PY" -c 'from radixlm.srt.model_loader import resolve_model_path; print(resolve_model_path(None))')"
+MODEL_DIR="${MODEL_DIR:-$DEFAULT_MODEL}"
 export OMP_NUM_THREADS="$THREADS"
+if [ -z "${PEERS:-}" ]; then
+    PEERS="radixlm vllm llama-server"
+    [ "${NO_CACHE:-0}" = 1 ] && PEERS="$PEERS radixlm-nocache"
+    [ "${HF_STATIC:-0}" = 1 ] && PEERS="$PEERS hf-static"
+    [ "${HF_SERVE:-0}" = 1 ] && PEERS="$PEERS hf-serve"
+fi
+want() { [[ " $PEERS " == *" $1 "* ]]; }
 
 PIDS=()
 cleanup() {
@@ -59,18 +78,27 @@ start() {
     fi
 }
 
-port=$(free_port)
-start radixlm radixlm "$port" "$PY" -m radixlm.srt.launch_server --model-path "$MODEL_DIR" --port "$port"
-if [ "${NO_CACHE:-0}" = 1 ]; then
+read -r -a RADIXLM_EXTRA <<< "${RADIXLM_ARGS:-}"
+if want radixlm; then
+    port=$(free_port)
+    start radixlm radixlm "$port" "$PY" -m radixlm.srt.launch_server --model-path "$MODEL_DIR" --port "$port" \
+        "${RADIXLM_EXTRA[@]}"
+fi
+if want radixlm-nocache; then
     port=$(free_port)
     start radixlm-nocache radixlm "$port" "$PY" -m radixlm.srt.launch_server --model-path "$MODEL_DIR" \
-        --port "$port" --disable-radix-cache
+        --port "$port" --disable-radix-cache "${RADIXLM_EXTRA[@]}"
 fi
 
 VLLM_PY="$PEERS_DIR/vllm-venv/bin/python"
-if [ -x "$VLLM_PY" ] && "$VLLM_PY" -c 'import vllm' 2>/dev/null; then
+if ! want vllm; then
+    :
+elif [ -x "$VLLM_PY" ] && "$VLLM_PY" -c 'import vllm' 2>/dev/null; then
     port=$(free_port)
-    VLLM_CPU_KVCACHE_SPACE="${VLLM_KV_GB:-4}" start vllm openai "$port" "$VLLM_PY" -m vllm.entrypoints.openai.api_server \
+    # nobind: vLLM's default ("auto") pins its OpenMP threads and reserves a core for its scheduler
+    # process (on 2 cores: 1 thread); nobind leaves OMP_NUM_THREADS=$THREADS threads, unpinned, as the others
+    VLLM_CPU_OMP_THREADS_BIND="${VLLM_CPU_OMP_THREADS_BIND:-nobind}" VLLM_CPU_KVCACHE_SPACE="${VLLM_KV_GB:-4}" \
+        start vllm openai "$port" "$VLLM_PY" -m vllm.entrypoints.openai.api_server \
         --model "$MODEL_DIR" --dtype float32 --enable-prefix-caching --enable-prompt-tokens-details \
         --host 127.0.0.1 --port "$port"
 else
@@ -78,8 +106,12 @@ else
 fi
 
 LLAMA_BIN="$PEERS_DIR/llama.cpp/bin/llama-server"
-LLAMA_GGUF="$PEERS_DIR/gguf/smollm2-f32.gguf"
-if [ -x "$LLAMA_BIN" ] && [ -f "$LLAMA_GGUF" ]; then
+if [ -z "${LLAMA_GGUF:-}" ] && [ "$MODEL_DIR" = "$DEFAULT_MODEL" ]; then LLAMA_GGUF="$PEERS_DIR/gguf/smollm2-f32.gguf"; fi
+if ! want llama-server; then
+    :
+elif [ -z "${LLAMA_GGUF:-}" ]; then
+    echo "skipped: llama-server (no GGUF of $MODEL_DIR; set LLAMA_GGUF)"
+elif [ -x "$LLAMA_BIN" ] && [ -f "$LLAMA_GGUF" ]; then
     port=$(free_port)
     np="${LLAMA_NP:-64}"
     start llama-server openai "$port" "$LLAMA_BIN" -m "$LLAMA_GGUF" -np "$np" -c $((np * 1024)) \
@@ -88,6 +120,30 @@ else
     echo "skipped: llama-server (not built; bash $HERE/build_llama_server.sh)"
 fi
 
-if [ "${#TARGETS[@]}" -eq 0 ]; then echo "no server started; logs in $LOGS" >&2; exit 1; fi
-"$PY" "$HERE/../bench_serving.py" --tokenizer "$MODEL_DIR" "${TARGETS[@]}" "$@"
+# transformers serve: radixlm's Python when it has the serving extras, else install_transformers_serve.sh's venv
+HF_PY="$PEERS_DIR/transformers-venv/bin/python"
+[ -x "$HF_PY" ] || HF_PY="$PY"
+if ! want hf-serve; then
+    :
+elif "$HF_PY" -c 'from transformers.utils.import_utils import is_serve_available as a; assert a()' 2>/dev/null; then
+    port=$(free_port)
+    start hf-serve hf-serve "$port" "$HF_PY" -m transformers.cli.transformers serve --continuous-batching \
+        --device cpu --dtype float32 --cb-num-blocks "${HF_CB_BLOCKS:-256}" --host 127.0.0.1 --port "$port" \
+        "$MODEL_DIR"
+else
+    echo "skipped: hf-serve (transformers serving extras missing; bash $HERE/install_transformers_serve.sh)"
+fi
+
+if want hf-static; then  # in-process in bench_serving: no server to start
+    TARGETS+=(--base-url "hf-static=$MODEL_DIR" --backend hf-static)
+fi
+
+if [ "${#TARGETS[@]}" -eq 0 ]; then echo "no target started; logs in $LOGS" >&2; exit 1; fi
+TARGETS=(--tokenizer "$MODEL_DIR" "${TARGETS[@]}")
+if [ "${1:-}" = "--exec" ]; then
+    shift
+    BENCH_TARGETS="$(printf '%q ' "${TARGETS[@]}")" "$@"
+else
+    "$PY" "$HERE/../bench_serving.py" "${TARGETS[@]}" "$@"
+fi
 echo "server logs: $LOGS"
