@@ -34,6 +34,7 @@ logger = logging.getLogger(__name__)
 INIT_NEW_TOKEN_RATIO = 0.7
 MIN_NEW_TOKEN_RATIO_FACTOR = 0.14
 NEW_TOKEN_RATIO_DECAY_STEPS = 600
+RETRACT_DECODE_STEPS = 20  # after a retraction, reserve this many decode tokens per running request
 
 
 def create_scheduler_grammar_backend(args: ServerArgs, tokenizer: Any, model_config: Any) -> Optional[GrammarBackend]:
@@ -327,8 +328,8 @@ class Scheduler:
             self.waiting = retracted + self.waiting
             total_new = sum(r.max_new_tokens for r in self.running) or 1
             decoded = sum(len(r.output_ids) for r in self.running)
-            remaining = sum(r.max_new_tokens - len(r.output_ids) for r in self.running)
-            self.new_token_ratio = min(1.0, (decoded + 20 * remaining) / total_new)
+            # SGLang's retract_decode: 20 more decode steps for each request still running.
+            self.new_token_ratio = min(1.0, (decoded + RETRACT_DECODE_STEPS * len(self.running)) / total_new)
             logger.info("retracted %d request(s); new_token_ratio %.3f", len(retracted), self.new_token_ratio)
 
     def _after_batch(self, reqs: list[Req], mode: ForwardMode, finished: list[Req]) -> None:
