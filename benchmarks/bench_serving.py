@@ -62,6 +62,7 @@ BenchRequest = ds.BenchRequest
 NATIVE = ("radixlm", "sglang")
 BACKENDS = (*NATIVE, "openai", "openai-chat", "hf-serve", "hf-static")
 SCHEMA_FIELDS = ("auto", "json_schema", "response_format", "none")
+WARMUP_PROMPT = "The quick brown fox jumps over the lazy dog."
 
 
 @dataclass
@@ -279,7 +280,9 @@ async def _prepare(client: httpx.AsyncClient, target: Target, requests: list[Ben
         r = await client.get(target.url + "/v1/models")
         target.model = r.json()["data"][0]["id"]
     if not args.no_warmup:
-        warm = BenchRequest(**{**asdict(requests[0]), "output_len": 4, "json_schema": None})
+        # Not a workload prompt: servers without a flush route (vLLM, llama-server) would otherwise
+        # keep it cached and give the workload's first request a free hit.
+        warm = BenchRequest(prompt=WARMUP_PROMPT, prompt_len=0, output_len=4, user=WARMUP_PROMPT)
         o = await send_request(client, target, warm, _prompt_for(target, warm), args, tokenizer)
         if not o.success:
             raise RuntimeError(f"{target.label}: warm-up request failed: {o.error}")
