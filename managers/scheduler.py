@@ -345,7 +345,12 @@ class Scheduler:
                     self.running.append(r)
         else:
             self.running = [r for r in self.running if id(r) not in done]
-        self._emit([r for r in reqs if r.stream or id(r) in done])
+        self._emit([r for r in reqs if id(r) in done or (r.stream and self._stream_due(r))])
+
+    def _stream_due(self, r: Req) -> bool:
+        """A streamed request is sent its first token at once, then every ``stream_interval`` tokens."""
+        interval = r.sampling_params.stream_interval or self.args.stream_interval
+        return r.num_sent == 0 or len(r.output_ids) - r.num_sent >= interval
 
     def _emit(self, reqs: list[Req]) -> None:
         out = build_batch_output(reqs, self.stats)

@@ -139,6 +139,8 @@ class SamplingParams(msgspec.Struct, kw_only=True):
             raise SamplingParamsError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
         if self.min_new_tokens < 0:
             raise SamplingParamsError(f"min_new_tokens must be >= 0, got {self.min_new_tokens}")
+        if self.stream_interval is not None and self.stream_interval < 1:
+            raise SamplingParamsError(f"stream_interval must be >= 1, got {self.stream_interval}")
         if self.max_new_tokens is not None and self.min_new_tokens > self.max_new_tokens:
             raise SamplingParamsError(
                 f"min_new_tokens ({self.min_new_tokens}) must be <= max_new_tokens "

@@ -56,6 +56,7 @@ class ServerArgs:
     grammar_compile_timeout: float = field(default=30.0, metadata={"help": "seconds a grammar may take to compile before its request ends with an error"})
     request_timeout: Optional[float] = field(default=None, metadata={"help": "seconds any request may take (from its arrival) before it is aborted, keeping its partial output; a request's own 'timeout' field can only lower it (default: no limit)"})
     grammar_any_whitespace: bool = field(default=False, metadata={"help": "let JSON grammars emit any whitespace (default: compact separators, so output cannot run away in whitespace)"})
+    stream_interval: int = field(default=1, metadata={"help": "streamed requests get their new tokens every N decode steps (the first token at once): larger values cut the per-token work of the HTTP and detokenizer processes, smaller ones stream more smoothly; a request's sampling_params.stream_interval overrides it"})
     disable_cuda_graph: bool = field(default=False, metadata={"help": "run decode eagerly on CUDA"})
     random_seed: int = field(default=0, metadata={"help": "seed of unseeded sampling"})
     cache_dir: Optional[str] = field(default=None, metadata={"help": "where converted GGUF weights are cached"})
@@ -91,6 +92,8 @@ class ServerArgs:
             raise ServerArgsError(f"--request-timeout must be a number of seconds > 0, got {self.request_timeout}")
         if self.context_length is not None and self.context_length < 2:
             raise ServerArgsError(f"--context-length must be >= 2, got {self.context_length}")
+        if self.stream_interval < 1:
+            raise ServerArgsError("--stream-interval must be >= 1")
         if self.grammar_compile_timeout <= 0:
             raise ServerArgsError("--grammar-compile-timeout must be > 0")
         if not 1 <= self.port <= 65535:

@@ -77,6 +77,22 @@ def test_stream_deltas_concatenate_to_full_text(http, prompt):
     assert data[-1]["meta_info"]["finish_reason"] == full["meta_info"]["finish_reason"]
 
 
+@pytest.mark.parametrize("interval", [3, 7])
+def test_stream_interval_batches_tokens_and_keeps_the_text(http, interval):
+    """sampling_params.stream_interval: the first token at once, then chunks of `interval` tokens
+    (the last may be shorter or carry the finish); the concatenation equals the unstreamed output."""
+    body = {"text": STORY_PROMPTS[1], "sampling_params": greedy(20, stream_interval=interval, ignore_eos=True)}
+    full = http.post("/generate", json=body).json()
+    data = sse_events(http, body)[:-1]
+    counts = [e["meta_info"]["completion_tokens"] for e in data]
+    assert counts[0] == 1 and counts[-1] == 20
+    steps = [b - a for a, b in zip(counts, counts[1:])]
+    assert all(s == interval for s in steps[:-1]) and 0 < steps[-1] <= interval, steps
+    assert data[-1]["text"] == full["text"] and data[-1]["output_ids"] == full["output_ids"]
+    bad = http.post("/generate", json={"text": "x", "sampling_params": {"stream_interval": 0}})
+    assert bad.status_code == 400 and "stream_interval" in bad.json()["error"]["message"]
+
+
 def _forced_bytes_body(tokenizer, max_new_tokens: int, bias: float) -> dict:
     """Greedy output pushed towards the byte tokens of 世 (E4 B8 96): a logit bias on the three,
     graded by 0.5 so that with frequency_penalty 2 they tend to cycle in order. Bias 28 mixes whole
