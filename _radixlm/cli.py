@@ -2,7 +2,8 @@
 
 ``radixlm serve [server flags]`` runs the HTTP server (same flags as
 ``python -m radixlm.srt.launch_server``; with no ``--model-path`` it serves the SmolLM2 demo model).
-``radixlm bench serving [flags]`` runs ``benchmarks/bench_serving.py`` (a source checkout's, loaded by path).
+``radixlm bench serving|one_batch|offline|grammar|suite [flags]`` runs a source checkout's
+``benchmarks/`` script (``suite``: ``run_all.sh``, every workload against every installed peer).
 ``radixlm --version`` prints ``radixlm <version>`` (the installed distribution's).
 Kept import-light: nothing heavy is imported until a subcommand runs.
 """
@@ -16,7 +17,7 @@ _USAGE = """usage: radixlm <command> [args]
 
 commands:
   serve   start the HTTP server (radixlm serve --help for its flags)
-  bench   benchmark running servers: radixlm bench serving --help
+  bench   benchmarks: radixlm bench serving --help (also one_batch, offline, grammar, suite)
 
 options:
   --version  print the installed version and exit
@@ -56,15 +57,29 @@ def installed_version() -> str:
         return __version__
 
 
+_BENCH_SCRIPTS = {"serving": "bench_serving.py", "one_batch": "bench_one_batch.py", "offline": "bench_offline.py",
+                  "grammar": "bench_grammar.py", "suite": "run_all.sh"}
+
+
 def _bench(args: list[str]) -> int:
-    """``radixlm bench serving ...`` -> ``benchmarks/bench_serving.py``'s ``main`` (not a package)."""
+    """``radixlm bench <name> [flags]`` -> ``benchmarks/<script>`` of the source checkout (not a package):
+    ``serving`` runs bench_serving's ``main`` in this process; ``one_batch``, ``offline``, ``grammar``
+    run their script with this Python; ``suite`` runs ``run_all.sh`` (configured by environment)."""
     import importlib.util
+    import subprocess
     from pathlib import Path
 
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_serving.py"
-    if args[:1] != ["serving"] or not script.exists():
-        print("usage: radixlm bench serving [flags] (needs a source checkout with benchmarks/)", file=sys.stderr)
+    bench_dir = Path(__file__).resolve().parents[1] / "benchmarks"
+    name = args[0] if args else ""
+    if name not in _BENCH_SCRIPTS or not (bench_dir / _BENCH_SCRIPTS[name]).exists():
+        print(f"usage: radixlm bench {{{'|'.join(_BENCH_SCRIPTS)}}} [flags] (needs a source checkout with "
+              "benchmarks/)", file=sys.stderr)
         return 2
+    script = bench_dir / _BENCH_SCRIPTS[name]
+    if name == "suite":
+        return subprocess.call(["bash", str(script), *args[1:]])
+    if name != "serving":
+        return subprocess.call([sys.executable, str(script), *args[1:]])
     spec = importlib.util.spec_from_file_location("_radixlm_bench_serving", script)
     module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # dataclasses need it there
     spec.loader.exec_module(module)
