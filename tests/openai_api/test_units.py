@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 from fastapi.testclient import TestClient
 
-from radixlm.managers.tokenizer_manager import RequestError
 from radixlm.srt.http_server import create_app
 from radixlm.srt.openai_api.chat_template import ChatTemplate
 from radixlm.srt.openai_api.common import max_new_tokens, usage_info, validation_message
 from radixlm.srt.openai_api.logprobs import TokenStrings, completion_logprobs
 from radixlm.srt.openai_api.protocol import ChatMessage, OpenAIError
 from radixlm.srt.server_args import ServerArgs
+from tests.fakes import OverloadedTokenizerManager
 
 from .conftest import TEMPLATE
 
@@ -71,28 +71,10 @@ def test_validation_message_merges_union_branches():
                        "n: Input should be a valid integer")
 
 
-class _OverloadedTM:
-    """Stands in for the TokenizerManager: tokenizes nothing, refuses admission with 503."""
-
-    context_len = 2048
-
-    def __init__(self, tokenizer):
-        from radixlm.managers.prompt_tokenizer import PromptTokenizer
-
-        self.tokenizer = tokenizer
-        self.prompt_tokenizer = PromptTokenizer(tokenizer, self.context_len)
-
-    async def prepare(self, req):
-        return req
-
-    def check_admission(self, prep):
-        raise RequestError("The request queue is full; retry later", 503)
-
-
 @pytest.fixture(scope="module")
 def app_client(tok):
     info = {"served_model_name": "m", "model_path": "/models/m", "context_length": 2048}
-    with TestClient(create_app(_OverloadedTM(tok), ServerArgs(), info, None, "0")) as client:
+    with TestClient(create_app(OverloadedTokenizerManager(tok), ServerArgs(), info, None, "0")) as client:
         yield client
 
 

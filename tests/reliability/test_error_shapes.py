@@ -10,37 +10,18 @@ import asyncio
 import pytest
 from fastapi.testclient import TestClient
 
-from radixlm.managers.tokenizer_manager import RequestError
 from radixlm.srt.http_server import LimitsMiddleware, create_app
 from radixlm.srt.server_args import ServerArgs
+from tests.fakes import OverloadedTokenizerManager
 
 NATIVE_KEYS = {"message", "type", "code"}
 OPENAI_KEYS = {"message", "type", "param", "code"}
 KEY = "shape-test-key"
 
 
-class _OverloadedTM:
-    """Tokenizes nothing; every admission is refused with 503."""
-
-    context_len = 2048
-    dead = None
-
-    def __init__(self, tokenizer):
-        from radixlm.managers.prompt_tokenizer import PromptTokenizer
-
-        self.tokenizer = tokenizer
-        self.prompt_tokenizer = PromptTokenizer(tokenizer, self.context_len)
-
-    async def prepare(self, req):
-        return req
-
-    def check_admission(self, prep):
-        raise RequestError("The request queue is full; retry later", 503)
-
-
 def _client(tok, api_key=None) -> TestClient:
     info = {"served_model_name": "m", "model_path": "/models/m", "context_length": 2048}
-    return TestClient(create_app(_OverloadedTM(tok), ServerArgs(api_key=api_key), info, None, "0"))
+    return TestClient(create_app(OverloadedTokenizerManager(tok), ServerArgs(api_key=api_key), info, None, "0"))
 
 
 @pytest.fixture(scope="module")
