@@ -95,7 +95,10 @@ def test_streaming_text_iter_equals_the_final_text(stories):
 
     state = story.run(backend=stories, stream=True, temperature=0)
     chunks = list(state.text_iter())
-    assert len(chunks) > 3 and "".join(chunks) == state.text()
+    # How many chunks the consumer sees depends on thread scheduling (a late consumer gets the text
+    # coalesced); the server's token-by-token SSE is checked in tests/server/test_generate.py.
+    assert chunks and all(chunks) and "".join(chunks) == state.text()
+    assert state.text().startswith("Once upon a time") and state.text().endswith(". The end")
     state = story.run(backend=stories, stream=True, temperature=0)
     assert "".join(state.text_iter("a")) == state["a"]
 
