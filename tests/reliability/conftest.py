@@ -3,37 +3,15 @@ idle-pool check, the "leak" log check and per-process RSS."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
-from typing import Optional
 
 import httpx
-import pytest
 
-from tests.server.helpers import START_TIMEOUT_S, ServerProcess, descendants, wait_idle
+from tests.server.conftest import launch  # noqa: F401  (the same server factory fixture)
+from tests.server.helpers import ServerProcess, descendants, wait_idle
 
 REPO = Path(__file__).resolve().parents[2]
 CHAT_TEMPLATE = str(Path(__file__).with_name("chatml.jinja"))  # stories260K has no chat template of its own
-
-
-@pytest.fixture(scope="module")
-def launch():
-    """Factory ``launch(args, api_key=None, host="127.0.0.1") -> ServerProcess`` (``host=None``: the
-    server's default bind address); every server still running at the end of the module
-    is stopped and must exit cleanly with no orphan process."""
-    started: list[ServerProcess] = []
-
-    def _launch(args: list[str], api_key: Optional[str] = None, timeout_s: float = START_TIMEOUT_S,
-                host: Optional[str] = "127.0.0.1") -> ServerProcess:
-        server = ServerProcess.start(args, api_key=api_key, timeout_s=timeout_s, host=host)
-        started.append(server)
-        return server
-
-    yield _launch
-    for server in started:
-        if server.proc.poll() is None:
-            assert server.stop() == 0, server.log()[-3000:]
-        os.unlink(server.log_path)
 
 
 def app_routes(http: httpx.Client) -> set[str]:

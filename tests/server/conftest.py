@@ -12,13 +12,14 @@ from .helpers import BASE_ARGS, START_TIMEOUT_S, ServerProcess
 
 @pytest.fixture(scope="module")
 def launch():
-    """Factory: ``launch(args, command=None, api_key=None) -> ServerProcess``; every server still
-    running at the end of the module is stopped and must exit cleanly."""
+    """Factory: ``launch(args, command=None, api_key=None, timeout_s=..., host="127.0.0.1") ->
+    ServerProcess`` (``host=None``: the server's default bind address); every server still running
+    at the end of the module is stopped and must exit cleanly. The reliability suite reuses it."""
     started: list[ServerProcess] = []
 
     def _launch(args: list[str], command: Optional[list[str]] = None, api_key: Optional[str] = None,
-                timeout_s: float = START_TIMEOUT_S) -> ServerProcess:
-        server = ServerProcess.start(args, command=command, api_key=api_key, timeout_s=timeout_s)
+                timeout_s: float = START_TIMEOUT_S, host: Optional[str] = "127.0.0.1") -> ServerProcess:
+        server = ServerProcess.start(args, command=command, api_key=api_key, timeout_s=timeout_s, host=host)
         started.append(server)
         return server
 
