@@ -24,7 +24,6 @@ Workloads (SGLang's ``bench_serving`` names):
 from __future__ import annotations
 
 import argparse
-import os
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,8 +59,8 @@ def load_tokenizer(name_or_path: str) -> Any:
 
     from radixlm.srt.model_loader import resolve_model_path
 
-    shared = Path(os.environ.get("RADIXLM_SHARED", Path(__file__).resolve().parents[2] / "shared"))
-    aliases = {"stories260k": str(shared / "models" / "stories260k-hf"), "smollm2": None}
+    stories = Path(__file__).resolve().parents[1] / "tests" / "assets" / "models" / "stories260k-hf"
+    aliases = {"stories260k": str(stories), "smollm2": None}
     path = resolve_model_path(aliases[name_or_path] if name_or_path in aliases else name_or_path)
     return AutoTokenizer.from_pretrained(path)
 

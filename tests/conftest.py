@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = Path(os.environ.get("RADIXLM_SHARED", REPO.parent / "shared")).resolve()  # servers report resolved paths
-STORIES_HF = SHARED / "models" / "stories260k-hf"
-STORIES_GGUF = SHARED / "models" / "stories260k" / "stories260K.gguf"
+# stories260K ships in the repository (tests/assets/models/README.md); nothing is read from outside it.
+MODELS = (REPO / "tests" / "assets" / "models").resolve()  # servers report resolved paths
+STORIES_HF = MODELS / "stories260k-hf"
+STORIES_GGUF = MODELS / "stories260k" / "stories260K.gguf"
 
 # Test prompts for stories260K: different lengths, no leading whitespace (HF and SentencePiece
 # disagree there).
@@ -50,5 +50,5 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def stories_path() -> str:
     if not STORIES_HF.exists():
-        pytest.fail(f"test model missing: {STORIES_HF} (set RADIXLM_SHARED to the shared/ folder)")
+        pytest.fail(f"test model missing: {STORIES_HF} (it ships in the repository: is the checkout complete?)")
     return str(STORIES_HF)

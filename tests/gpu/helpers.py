@@ -1,4 +1,4 @@
-"""Shared pieces of the GPU tests: test models (stories260K carried in tests/gpu/assets, random-weight
+"""Shared pieces of the GPU tests: test models (stories260K from tests/assets/models, random-weight
 Llamas with FlashInfer-sized heads), and a greedy comparison that tolerates near-ties only.
 
 Also a CLI for scripts/gpu_check.sh::
@@ -16,8 +16,7 @@ from typing import Optional
 
 import torch
 
-ASSETS = Path(__file__).resolve().parent / "assets"
-SHARED = Path(os.environ.get("RADIXLM_SHARED", Path(__file__).resolve().parents[3] / "shared"))
+STORIES_HF = Path(__file__).resolve().parents[1] / "assets" / "models" / "stories260k-hf"
 
 # Random-weight Llamas with head_dim 64 (FlashInfer needs 64/128/256). gqa4 decodes through the
 # tensor-core kernel, gqa3 (SmolLM2's head layout) through the CUDA-core decode kernel.
@@ -35,11 +34,8 @@ PRESETS: dict[str, dict] = {
 
 
 def stories_path() -> Optional[str]:
-    """stories260K as an HF folder: tests/gpu/assets (travels to the GPU machine) or shared/."""
-    for p in (ASSETS / "stories260k-hf", SHARED / "models" / "stories260k-hf"):
-        if (p / "model.safetensors").exists():
-            return str(p)
-    return None
+    """stories260K as an HF folder (tests/assets/models, in the repository), or None if the checkout lacks it."""
+    return str(STORIES_HF) if (STORIES_HF / "model.safetensors").exists() else None
 
 
 def save_random_llama(out: str, preset: str, seed: int = 1234, init_range: float = 0.1) -> str:
@@ -58,7 +54,7 @@ def save_random_llama(out: str, preset: str, seed: int = 1234, init_range: float
     model.save_pretrained(out)
     src = stories_path()
     if src is None:
-        raise FileNotFoundError("stories260k-hf (for its tokenizer) is neither in tests/gpu/assets nor shared/")
+        raise FileNotFoundError("stories260k-hf (for its tokenizer) is missing from tests/assets/models")
     for f in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(os.path.join(src, f), os.path.join(out, f))
     return out

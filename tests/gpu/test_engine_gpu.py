@@ -32,7 +32,7 @@ def _run(engine: Engine, prompts: list[list[int]], n: int = MAX_NEW) -> list[lis
 def stories():
     path = stories_path()
     if path is None:
-        pytest.skip("stories260k-hf is neither in tests/gpu/assets nor in shared/")
+        pytest.skip("stories260k-hf is missing from tests/assets/models")
     return path
 
 

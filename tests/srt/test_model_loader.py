@@ -25,17 +25,10 @@ from radixlm.srt.model_loader import (
     resolve_model_path,
 )
 
-MODELS = Path(__file__).resolve().parents[3] / "shared" / "models"
-if not MODELS.is_dir():
-    MODELS = Path("/work/shared/models")
-STORIES_HF = MODELS / "stories260k-hf"
-STORIES_GGUF = MODELS / "stories260k" / "stories260K.gguf"
+from tests.conftest import STORIES_GGUF, STORIES_HF
+
 STORIES_SHA16 = "270cba1bd5109f42"
 PROMPT = "Once upon a time there was"
-
-needs_stories = pytest.mark.skipif(
-    not (STORIES_HF.is_dir() and STORIES_GGUF.is_file()), reason="stories260K test model not found"
-)
 
 
 def _demo_or_skip() -> str:
@@ -52,8 +45,6 @@ def stories_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def stories_gguf_folder(stories_cache: Path) -> str:
-    if not STORIES_GGUF.is_file():
-        pytest.skip("stories260K GGUF not found")
     return resolve_model_path(str(STORIES_GGUF), cache_dir=str(stories_cache))
 
 
@@ -66,7 +57,6 @@ def demo_folder() -> str:
 # ----------------------------------------------------------------------------- HF folder
 
 
-@needs_stories
 def test_hf_folder_model_config_fields():
     cfg = ModelConfig.from_path(str(STORIES_HF))
     assert cfg.model_path == str(STORIES_HF.resolve())
@@ -82,7 +72,6 @@ def test_hf_folder_model_config_fields():
     assert cfg.hf_config.rope_parameters["rope_theta"] == 10000.0
 
 
-@needs_stories
 def test_model_config_dtype_and_context_overrides(tmp_path: Path):
     cfg = ModelConfig.from_path(str(STORIES_HF), dtype="bfloat16", context_length=512)
     assert (cfg.dtype, cfg.context_len) == (torch.bfloat16, 512)
@@ -100,7 +89,6 @@ def test_model_config_dtype_and_context_overrides(tmp_path: Path):
         ModelConfig.from_path(str(STORIES_HF), context_length=0)
 
 
-@needs_stories
 def test_iter_weights_safetensors_and_bin_fallback(tmp_path: Path):
     weights = dict(iter_weights(str(STORIES_HF)))
     assert len(weights) == 48
@@ -116,7 +104,6 @@ def test_iter_weights_safetensors_and_bin_fallback(tmp_path: Path):
 # ----------------------------------------------------------------------------- stories GGUF
 
 
-@needs_stories
 def test_gguf_conversion_layout(stories_gguf_folder: str, stories_cache: Path):
     folder = Path(stories_gguf_folder)
     assert folder == stories_cache / "gguf" / f"stories260K-{STORIES_SHA16}"
@@ -136,7 +123,6 @@ def test_gguf_conversion_layout(stories_gguf_folder: str, stories_cache: Path):
     assert not hasattr(cfg.hf_config, "quantization_config")
 
 
-@needs_stories
 def test_gguf_weights_equal_hf_folder(stories_gguf_folder: str):
     ours = dict(iter_weights(stories_gguf_folder))
     ref = dict(iter_weights(str(STORIES_HF)))
@@ -146,7 +132,6 @@ def test_gguf_weights_equal_hf_folder(stories_gguf_folder: str):
         assert torch.equal(ours[name], tensor), name
 
 
-@needs_stories
 def test_gguf_tokenizer_matches_hf_folder(stories_gguf_folder: str):
     ours, ref = load_tokenizer(stories_gguf_folder), load_tokenizer(str(STORIES_HF))
     ids = ours(PROMPT).input_ids
@@ -159,7 +144,6 @@ def test_gguf_tokenizer_matches_hf_folder(stories_gguf_folder: str):
     assert again(PROMPT).input_ids == ids
 
 
-@needs_stories
 def test_gguf_second_resolve_reuses_cache(stories_gguf_folder: str, stories_cache: Path):
     weights = Path(stories_gguf_folder) / "model.safetensors"
     before = weights.stat().st_mtime_ns
@@ -171,7 +155,6 @@ def test_gguf_second_resolve_reuses_cache(stories_gguf_folder: str, stories_cach
     assert elapsed < 0.5, elapsed
 
 
-@needs_stories
 def test_gguf_cache_dir_from_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     monkeypatch.setenv("RADIXLM_CACHE_DIR", str(tmp_path))
     calls: list[Path] = []
@@ -185,7 +168,6 @@ def test_gguf_cache_dir_from_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path
     assert calls == []
 
 
-@needs_stories
 def test_leftover_of_killed_conversion_is_cleaned(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     root = tmp_path / "gguf"
     leftover = root / f".stories260K-{STORIES_SHA16}.k1ll3d"
@@ -202,7 +184,6 @@ def test_leftover_of_killed_conversion_is_cleaned(monkeypatch: pytest.MonkeyPatc
     assert sorted(p.name for p in root.iterdir() if p.is_dir()) == [f"stories260K-{STORIES_SHA16}"]
 
 
-@needs_stories
 def test_gguf_greedy_through_transformers(stories_gguf_folder: str):
     from transformers import AutoModelForCausalLM
 
@@ -214,7 +195,6 @@ def test_gguf_greedy_through_transformers(stories_gguf_folder: str):
     assert text.startswith(", there was a little girl named Lily"), text
 
 
-@needs_stories
 def test_failed_conversion_leaves_no_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     def crash(src: Path, out: Path) -> None:
         (out / "model.safetensors").write_bytes(b"half written")
@@ -289,7 +269,6 @@ def test_folder_without_config(tmp_path: Path):
         resolve_model_path(str(tmp_path))
 
 
-@needs_stories
 def test_folder_without_weights(tmp_path: Path):
     shutil.copy(STORIES_HF / "config.json", tmp_path)
     with pytest.raises(ModelLoadError, match=f"{tmp_path} has no weights"):
@@ -298,7 +277,6 @@ def test_folder_without_weights(tmp_path: Path):
         list(iter_weights(str(tmp_path)))
 
 
-@needs_stories
 def test_corrupt_safetensors(tmp_path: Path):
     shutil.copy(STORIES_HF / "config.json", tmp_path)
     data = (STORIES_HF / "model.safetensors").read_bytes()
@@ -307,7 +285,6 @@ def test_corrupt_safetensors(tmp_path: Path):
         resolve_model_path(str(tmp_path))
 
 
-@needs_stories
 @pytest.mark.parametrize("content", ["garbage", "truncated_header", "truncated_tensors"])
 def test_corrupt_gguf(tmp_path: Path, content: str):
     data = STORIES_GGUF.read_bytes()
@@ -324,7 +301,6 @@ def test_corrupt_gguf(tmp_path: Path, content: str):
     assert [p for p in (tmp_path / "cache").rglob("*") if p.is_dir() and p.name != "gguf"] == []
 
 
-@needs_stories
 def test_hub_id_goes_through_snapshot(monkeypatch: pytest.MonkeyPatch):
     import huggingface_hub
 
