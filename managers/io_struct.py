@@ -21,7 +21,8 @@ class FinishReason(msgspec.Struct, kw_only=True, omit_defaults=True):
     """Why a request ended. ``type`` is ``stop`` | ``length`` | ``abort``.
 
     stop: ``matched`` is the stop string or token id that matched (None for a grammar end).
-    length: ``length`` is the number of generated tokens.
+    length: ``length`` is the number of generated tokens; ``message`` says why when the limit was
+        the KV pool's capacity rather than the request's ``max_new_tokens``.
     abort: ``message`` says why; ``status_code`` is the HTTP status to report (400 for bad input).
     """
 
@@ -35,7 +36,10 @@ class FinishReason(msgspec.Struct, kw_only=True, omit_defaults=True):
         if self.type == "stop":
             return {"type": "stop", "matched": self.matched}
         if self.type == "length":
-            return {"type": "length", "length": self.length}
+            out = {"type": "length", "length": self.length}
+            if self.message is not None:  # e.g. max_new_tokens was cut to the KV pool's capacity
+                out["message"] = self.message
+            return out
         out: dict = {"type": "abort", "message": self.message}
         if self.status_code is not None:
             out["status_code"] = self.status_code

@@ -18,6 +18,8 @@ from radixlm.srt.sampling_params import SamplingParams
 
 # Output tokens decoded for stop-regex search (a regex has no fixed length; SGLang bounds it too).
 STOP_REGEX_WINDOW_TOKENS = 64
+# Tokens decoded before a stop-string window so its first token reads as it does after them.
+STOP_CONTEXT_TOKENS = 5
 
 
 class Req:
@@ -46,6 +48,8 @@ class Req:
         self.cached_tokens = 0  # prompt tokens served from the radix tree (reported)
         self.num_retractions = 0
         self.finished_reason: Optional[FinishReason] = None
+        # Said with finish_reason length when max_new_tokens was cut to what the KV pool can hold.
+        self.length_message: Optional[str] = None
         self.to_abort: Optional[FinishReason] = None
         self.grammar: Any = None  # a constrained.GrammarMatcher once compiled
         self.grammar_future: Any = None  # concurrent.futures.Future of the compiled grammar
@@ -92,6 +96,25 @@ class Req:
         self.extend_len = 0
         self.num_retractions += 1
 
+    def _output_tail_text(self, decode_text: Any, size: int) -> tuple[str, str]:
+        """Text of the last ``size`` output tokens, and of the same tokens less the newest one, as
+        they read in context: the tokens just before the window (prompt tokens while the window
+        reaches the output's start) are decoded with it and their text removed, so a first output
+        token keeps its SentencePiece leading space exactly as the detokenizer shows it."""
+        n = len(self.output_ids)
+        start = max(n - size, 0)
+        fill = self.fill_ids
+        at = len(self.origin_input_ids) + start
+        ctx = fill[max(at - STOP_CONTEXT_TOKENS, 0):at]
+        base = decode_text(ctx) if ctx else ""
+        window = fill[at:]
+
+        def text(ids: list[int]) -> str:
+            full = decode_text(ctx + ids)
+            return full[len(base):] if full.startswith(base) else decode_text(ids)
+
+        return text(window), text(window[:-1])
+
     def check_finished(self, decode_text: Any) -> None:
         """Set ``finished_reason`` after a new output token: abort, grammar end, stop token, stop
         string, then length (a stop on the last allowed token reports ``stop``, like vLLM). ``decode_text(ids) -> str`` decodes a token tail."""
@@ -112,8 +135,8 @@ class Req:
             if self.stop_strs:
                 longest = max(len(s) for s in self.stop_strs)
                 # A character may take up to 4 byte-fallback tokens; 2 more for merges at the edge.
-                window = self.output_ids[-(4 * longest + 2):]
-                tail, before = decode_text(window), decode_text(window[:-1])
+                size = 4 * longest + 2
+                tail, before = self._output_tail_text(decode_text, size)
                 for s in self.stop_strs:
                     # Only an occurrence ending in the newest token counts: an older one was
                     # generated while min_new_tokens still forced the output on.
@@ -121,10 +144,10 @@ class Req:
                         self.finished_reason = FinishReason(type="stop", matched=s)
                         return
             if self.stop_regexes:
-                tail = decode_text(self.output_ids[-STOP_REGEX_WINDOW_TOKENS:])
+                tail = self._output_tail_text(decode_text, STOP_REGEX_WINDOW_TOKENS)[0]
                 for rx in self.stop_regexes:
                     if rx.search(tail):
                         self.finished_reason = FinishReason(type="stop", matched=rx.pattern)
                         return
         if n >= self.max_new_tokens:
-            self.finished_reason = FinishReason(type="length", length=n)
+            self.finished_reason = FinishReason(type="length", length=n, message=self.length_message)

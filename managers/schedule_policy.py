@@ -89,6 +89,8 @@ class PrefillAdder:
     def fits(self, req: Req, size: int) -> bool:
         need = self.kv.pages_needed(req, size) * self.kv.page_size
         reserve = decode_reservation(req, self.new_token_ratio) if size == req.seq_len - req.num_cached else 0
+        # A request's max_new_tokens fits the pool beside its prompt: alone, it is always admitted.
+        reserve = min(reserve, max(self.kv.total_tokens - need, 0))
         return self.kv.available_tokens() - self.reserved >= need + reserve
 
     def add(self, req: Req, size: int) -> None:

@@ -24,7 +24,8 @@ from radixlm.managers.result_processor import ResultProcessor
 from radixlm.managers.schedule_batch import Req
 from radixlm.managers.schedule_policy import PrefillAdder, order_waiting
 from radixlm.managers.tp_worker import TpModelWorker
-from radixlm.managers.validation import InvalidRequestError, validate_generate_input
+from radixlm.managers.validation import (MAX_TOP_LOGPROBS, InvalidRequestError, validate_generate_input,
+                                         validate_top_logprobs_num)
 from radixlm.radix_cache import RadixCache
 from radixlm.srt.forward_batch import ForwardMode, ModelWorkerBatch
 from radixlm.srt.server_args import ServerArgs
@@ -64,7 +65,7 @@ class Scheduler:
         runner = worker.model_runner
         tree = RadixCache(runner.page_pool, server_args.page_size, disable=server_args.disable_radix_cache)
         self.kv = KVManager(runner.page_pool, tree, runner.req_to_token_pool)
-        self.results = ResultProcessor(self.kv, tokenizer, top_logprobs_cap=20)
+        self.results = ResultProcessor(self.kv, tokenizer, top_logprobs_cap=MAX_TOP_LOGPROBS)
         self.waiting: list[Req] = []
         self.running: list[Req] = []
         self.chunked_req: Optional[Req] = None
@@ -117,6 +118,10 @@ class Scheduler:
             head.finished_reason = head.to_abort
             self._emit([head])
 
+    def _pool_full_message(self) -> str:
+        return (f"the output reached the KV cache's capacity ({self.kv.total_tokens} tokens with the prompt); "
+                "raise --max-total-tokens for longer outputs")
+
     def is_idle(self) -> bool:
         return not self.waiting and not self.running and self.chunked_req is None and not self.grammar_queue
 
@@ -140,7 +145,12 @@ class Scheduler:
         stop_ids = frozenset(params.stop_token_ids or ()) | (frozenset() if params.ignore_eos else self.eos_ids)
         room = self.context_len - len(msg.input_ids)
         max_new = room if params.max_new_tokens is None else min(params.max_new_tokens, room)
-        req = Req(msg, stop_ids, max(max_new, 0))
+        # Output beyond what the whole KV pool can hold next to the prompt can never be computed:
+        # such a request ends with finish_reason length there (and says why), never with an error.
+        pool_room = self.kv.total_tokens - len(msg.input_ids)
+        req = Req(msg, stop_ids, max(min(max_new, pool_room), 0))
+        if pool_room < max_new:
+            req.length_message = self._pool_full_message()
         error = self._validate(msg)
         if error is None:
             queued, error = self._queue_grammar(req)
@@ -203,6 +213,7 @@ class Scheduler:
     def _validate(self, msg: TokenizedGenerateReq) -> Optional[str]:
         try:
             validate_generate_input(msg.input_ids, msg.sampling_params, self.vocab_size, self.context_len)
+            validate_top_logprobs_num(msg.top_logprobs_num)
         except InvalidRequestError as e:
             return str(e)
         if len(msg.input_ids) + 1 > self.kv.total_tokens:
@@ -293,6 +304,8 @@ class Scheduler:
         if not self.running:
             return None
         self._retract_if_needed()
+        if not self.running:  # the last one ended: the freed pool may admit what waits
+            return self._get_new_extend_batch()
         reqs = list(self.running)
         for r in reqs:
             r.extend_len = 1
@@ -312,14 +325,21 @@ class Scheduler:
         order = sorted(self.running, key=lambda r: (len(r.output_ids), -len(r.origin_input_ids)))
         retracted = []
         while need() > self.kv.available_tokens():
-            if len(self.running) == 1:
-                r = self.running[0]
-                r.to_abort = FinishReason(type="abort", status_code=503, message=(
-                    "out of KV cache memory: the request does not fit even alone; raise --max-total-tokens"))
-                self._reap_aborted()
-                return
-            victim = order.pop(0)
-            self.running.remove(victim)
+            if len(self.running) == 1 and self.chunked_req is not None:
+                victim = self.chunked_req  # a half-done prefill yields to the running request
+                self.chunked_req = None
+            elif len(self.running) == 1:
+                # Unreachable while add_request caps max_new_tokens at the pool; if it happens,
+                # the request keeps its output and ends as if it had reached its length limit.
+                r = self.running.pop()
+                r.finished_reason = FinishReason(type="length", length=len(r.output_ids),
+                                                 message=self._pool_full_message())
+                self.kv.release(r, insert=True)
+                self._emit([r])
+                break
+            else:
+                victim = order.pop(0)
+                self.running.remove(victim)
             self.kv.release(victim, insert=False)
             victim.reset_for_retract()
             retracted.append(victim)

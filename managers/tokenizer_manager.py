@@ -37,7 +37,7 @@ from radixlm.managers.ipc import AsyncPullReceiver, IpcPaths, PushSender
 from radixlm.managers.prompt_tokenizer import PromptTokenizer
 from radixlm.managers.request_log import log_finished, log_received
 from radixlm.managers.response import ResponseAccumulator
-from radixlm.managers.validation import InvalidRequestError, validate_generate_input
+from radixlm.managers.validation import InvalidRequestError, validate_generate_input, validate_top_logprobs_num
 from radixlm.srt.errors import native_error_body
 from radixlm.srt.sampling_params import SamplingParams, SamplingParamsError
 
@@ -181,8 +181,7 @@ class TokenizerManager:
                                     strict_max_new_tokens=raw.get("max_new_tokens") is not None)
             if req.logprob_start_len[i] < -1:
                 raise InvalidRequestError(f"logprob_start_len must be >= -1, got {req.logprob_start_len[i]}")
-            if req.top_logprobs_num[i] < 0:
-                raise InvalidRequestError(f"top_logprobs_num must be >= 0, got {req.top_logprobs_num[i]}")
+            validate_top_logprobs_num(req.top_logprobs_num[i])
             items.append((ids, params, i))
         ns = {params.n for _, params, _ in items}
         if len(ns) > 1:

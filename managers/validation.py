@@ -6,8 +6,21 @@ from __future__ import annotations
 from radixlm.srt.sampling_params import SamplingParams, SamplingParamsError
 
 
+# Alternatives returned per position at most (vLLM's default --max-logprobs; OpenAI's top_logprobs
+# cap). More is refused with a 400 rather than silently cut.
+MAX_TOP_LOGPROBS = 20
+
+
 class InvalidRequestError(ValueError):
     """A request that can never run (maps to HTTP 400). The message says what and why."""
+
+
+def validate_top_logprobs_num(n: int) -> None:
+    """Raise ``InvalidRequestError`` unless ``0 <= n <= MAX_TOP_LOGPROBS``."""
+    if n < 0:
+        raise InvalidRequestError(f"top_logprobs_num must be >= 0, got {n}")
+    if n > MAX_TOP_LOGPROBS:
+        raise InvalidRequestError(f"top_logprobs_num must be <= {MAX_TOP_LOGPROBS}, got {n}")
 
 
 def validate_generate_input(input_ids: list[int], params: SamplingParams, vocab_size: int,

@@ -18,7 +18,7 @@ from radixlm.managers.io_struct import BatchStrOut, BatchTokenOut, TokenizedGene
 from radixlm.managers.response import ResponseAccumulator
 from radixlm.managers.scheduler import Scheduler, create_scheduler_grammar_backend
 from radixlm.managers.tp_worker import TpModelWorker
-from radixlm.managers.validation import InvalidRequestError, validate_generate_input
+from radixlm.managers.validation import InvalidRequestError, validate_generate_input, validate_top_logprobs_num
 from radixlm.srt.model_config import ModelConfig
 from radixlm.srt.model_loader import load_tokenizer
 from radixlm.srt.sampling_params import SamplingParams, SamplingParamsError
@@ -67,6 +67,7 @@ class Engine:
         n = len(prompts_ids)
         params_list = self._params(sampling_params, n)
         rids = self._rids(rid, n)
+        validate_top_logprobs_num(top_logprobs_num)
         msgs = []
         for ids, params, r in zip(prompts_ids, params_list, rids):
             validate_generate_input(ids, params, self.model_config.vocab_size, self.model_config.context_len)
