@@ -169,3 +169,17 @@ def test_models(client):
     models = client.models.list().data
     assert [m.id for m in models] == [MODEL] and models[0].model_extra["max_model_len"] == 2048
     assert client.models.retrieve(MODEL).id == MODEL
+
+
+def test_stop_at_the_start_of_the_output(client, http):
+    """A stop string matching the first output characters (the first token's leading space, the
+    whole first token) ends the output at once, natively and on /v1/completions."""
+    prompt = "The cat sat on the mat and"
+    native = http.post("/generate", json={"text": prompt, "sampling_params": {"temperature": 0, "max_new_tokens": 6}}).json()
+    first = native["text"].split(" ")[1]  # the output reads " <word> ...": stop on " " and " <word>"
+    for stop in (" ", " " + first):
+        got = http.post("/generate", json={"text": prompt, "sampling_params": {
+            "temperature": 0, "max_new_tokens": 6, "stop": [stop]}}).json()
+        assert got["text"] == "" and got["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
+        c = _create(client, prompt=prompt, max_tokens=6, temperature=0, stop=[stop]).choices[0]
+        assert c.text == "" and c.finish_reason == "stop" and c.model_extra["matched_stop"] == stop
