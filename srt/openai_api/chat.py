@@ -49,6 +49,18 @@ def _check_unsupported(req: ChatCompletionRequest) -> None:
         raise OpenAIError("tools (function calling) are not supported by this server yet", 400, "tools")
     if req.tool_choice not in (None, "none", "auto"):
         raise OpenAIError("tool_choice needs tools, which are not supported by this server yet", 400, "tool_choice")
+    if req.functions:
+        raise OpenAIError("functions (function calling) are not supported by this server yet", 400, "functions")
+    if req.function_call not in (None, "none", "auto"):
+        raise OpenAIError("function_call needs functions, which are not supported by this server yet", 400,
+                          "function_call")
+    if req.modalities is not None and any(m != "text" for m in req.modalities):
+        raise OpenAIError(f"modalities {req.modalities} are not supported: this server replies with text only",
+                          400, "modalities")
+    if req.audio is not None:
+        raise OpenAIError("audio output is not supported: this server replies with text only", 400, "audio")
+    if req.web_search_options is not None:
+        raise OpenAIError("web search is not supported by this server", 400, "web_search_options")
     if req.top_logprobs is not None and not req.logprobs:
         raise OpenAIError("top_logprobs needs logprobs: true", 400, "top_logprobs")
     if req.stream_options is not None and not req.stream:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from radixlm.srt.errors import error_type
 
@@ -40,7 +40,18 @@ def openai_error_body(message: str, status: int, param: Optional[str] = None, co
 
 # ---- shared request pieces ------------------------------------------------------------------------
 class _Strict(BaseModel):
+    """Strict types, unknown fields refused, except that an unknown field sent as ``null`` is
+    dropped: clients and frameworks send every field their SDK version knows, unset ones as null."""
+
     model_config = ConfigDict(strict=True, extra="forbid", populate_by_name=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_unknown_nulls(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            known = set(cls.model_fields) | {f.alias for f in cls.model_fields.values() if f.alias}
+            return {k: v for k, v in data.items() if v is not None or k in known}
+        return data
 
 
 class StreamOptions(_Strict):
@@ -65,6 +76,11 @@ class _SamplingRequest(_Strict):
     temperature: Optional[float] = Field(default=None, ge=0, le=2)
     top_p: Optional[float] = Field(default=None, gt=0, le=1)
     user: Optional[str] = None
+    # Standard fields that change nothing on this server, accepted and ignored: nothing is stored
+    # (store, metadata), there is one service tier, and no model here reasons at a set effort.
+    store: Optional[bool] = None
+    metadata: Optional[dict[str, str]] = None
+    service_tier: Optional[str] = None
     # radixlm / SGLang extras (the native sampling fields)
     top_k: Optional[int] = None
     min_p: Optional[float] = None
@@ -181,6 +197,16 @@ class ChatCompletionRequest(_SamplingRequest):
     tools: Optional[list[dict[str, Any]]] = None
     tool_choice: Optional[Union[str, dict[str, Any]]] = None
     parallel_tool_calls: Optional[bool] = None
+    # The deprecated function-calling pair (``functions`` = tools of type function).
+    functions: Optional[list[dict[str, Any]]] = None
+    function_call: Optional[Union[str, dict[str, Any]]] = None
+    # Accepted; text output only: ``modalities`` other than ["text"] and any ``audio`` are 400s.
+    modalities: Optional[list[str]] = None
+    audio: Optional[dict[str, Any]] = None
+    # Predicted outputs are a latency hint; the reply is the same without it, so it is ignored.
+    prediction: Optional[dict[str, Any]] = None
+    reasoning_effort: Optional[str] = None
+    web_search_options: Optional[dict[str, Any]] = None
     continue_final_message: Optional[bool] = None
     chat_template_kwargs: Optional[dict[str, Any]] = None
 

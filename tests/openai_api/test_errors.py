@@ -74,7 +74,48 @@ CASES = [
      400, "only allowed with stream", "stream_options"),
     ("prefill without assistant message", CHAT, {"messages": USER, "continue_final_message": True}, 400,
      "last message to be from the assistant", "continue_final_message"),
+    ("audio output", CHAT, {"messages": USER, "audio": {"voice": "alloy", "format": "wav"}}, 400,
+     "audio output is not supported", "audio"),
+    ("audio modality", CHAT, {"messages": USER, "modalities": ["text", "audio"]}, 400, "text only", "modalities"),
+    ("functions", CHAT, {"messages": USER, "functions": [{"name": "f", "parameters": {}}]}, 400, "not supported",
+     "functions"),
+    ("function_call by name", CHAT, {"messages": USER, "function_call": {"name": "f"}}, 400, "needs functions",
+     "function_call"),
+    ("web search", CHAT, {"messages": USER, "web_search_options": {}}, 400, "web search", "web_search_options"),
+    ("store of wrong type", CHAT, {"messages": USER, "store": "yes"}, 400, "valid boolean", "store"),
 ]
+
+# Fields that standard clients and frameworks send, which change nothing here: accepted (issue: the
+# openai SDK's and agent frameworks' requests got 400 "unknown field").
+ACCEPTED = {
+    "store": False, "metadata": {"app": "test"}, "service_tier": "auto", "modalities": ["text"],
+    "reasoning_effort": "low", "function_call": "none", "prediction": {"type": "content", "content": "x"},
+    "user": "u1", "parallel_tool_calls": True,
+}
+NULLS = ["prediction", "audio", "functions", "function_call", "tools", "tool_choice", "modalities", "metadata",
+         "service_tier", "store", "web_search_options", "response_format", "stream_options", "logit_bias",
+         "some_future_field"]
+
+
+def test_standard_fields_are_accepted(http):
+    for name, value in ACCEPTED.items():
+        resp = http.post(CHAT, json={"model": MODEL, "messages": USER, "max_tokens": 2, name: value})
+        assert resp.status_code == 200, (name, resp.text)
+        assert resp.json()["usage"]["completion_tokens"] == 2
+    every_null = http.post(CHAT, json={"model": MODEL, "messages": USER, "max_tokens": 2, **dict.fromkeys(NULLS)})
+    assert every_null.status_code == 200, every_null.text
+    completion = http.post(COMPLETIONS, json={"model": MODEL, "prompt": "Lily", "max_tokens": 2, "store": None,
+                                              "metadata": None, "suffix": None, "some_future_field": None})
+    assert completion.status_code == 200, completion.text
+
+
+def test_top_logprobs_num_above_the_cap_is_a_400(http):
+    resp = http.post("/generate", json={"text": "Lily", "return_logprob": True, "top_logprobs_num": 21,
+                                        "sampling_params": {"max_new_tokens": 1}})
+    assert resp.status_code == 400 and "top_logprobs_num must be <= 20" in resp.json()["error"]["message"], resp.text
+    ok = http.post("/generate", json={"text": "Lily", "return_logprob": True, "top_logprobs_num": 20,
+                                      "sampling_params": {"max_new_tokens": 1}}).json()
+    assert len(ok["meta_info"]["output_top_logprobs"][0]) == 20
 
 
 def _assert_openai_error(resp: httpx.Response, status: int, text: str, param=...) -> dict:
