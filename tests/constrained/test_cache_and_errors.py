@@ -113,10 +113,8 @@ def test_cache_compiles_once_per_spec() -> None:
     try:
         spec = GrammarSpec.json_schema({"type": "object", "properties": {"a": {"type": "integer"}},
                                         "required": ["a"]})
-        start = time.perf_counter()
         first = cache.request(spec)
-        assert time.perf_counter() - start < 0.1  # returns at once; compile runs on the pool
-        assert not first.done()
+        assert not first.done()  # returned before the (0.2 s) compile finished: it runs on the pool
         second = cache.request(GrammarSpec("json_schema", spec.text))  # same (kind, text)
         assert second is first
         compiled = first.result(timeout=10)

@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from tests.conftest import STORIES_GGUF
-from tests.server.helpers import BASE_ARGS, ServerProcess, free_port, greedy, pid_alive
+from tests.server.helpers import BASE_ARGS, ENDLESS_ARGS, ServerProcess, endless, free_port, pid_alive
 
 EXIT_WITHIN_S = 5.0
 CLI_TIMEOUT_S = 180
@@ -34,7 +34,7 @@ def _streams_in_background(server: ServerProcess, count: int) -> threading.Event
     def run(i: int) -> None:
         try:
             with server.client(timeout=60) as c:
-                body = {"text": f"Lily {i}", "stream": True, "sampling_params": greedy(1800, ignore_eos=True)}
+                body = {"text": f"Lily {i}", "stream": True, "sampling_params": endless()}
                 with c.stream("POST", "/generate", json=body) as resp:
                     for _ in resp.iter_lines():
                         started.set()
@@ -47,7 +47,7 @@ def _streams_in_background(server: ServerProcess, count: int) -> threading.Event
 
 
 def test_killed_detokenizer_makes_the_server_exit_nonzero(launch, stories_path):
-    server = launch(["--model-path", stories_path, *BASE_ARGS])
+    server = launch(["--model-path", stories_path, *BASE_ARGS, *ENDLESS_ARGS])
     assert _streams_in_background(server, 4).wait(60)
     detokenizer = server.child_pid("detokenizer")
     os.kill(detokenizer, signal.SIGKILL)

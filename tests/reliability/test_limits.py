@@ -10,6 +10,8 @@ import time
 import httpx
 import pytest
 
+from tests.server.helpers import ENDLESS_ARGS, endless
+
 from .conftest import app_routes, assert_pool_free_after_flush
 
 BODY_LIMIT = 32 << 20  # radixlm.srt.http_server.MAX_REQUEST_BODY_BYTES
@@ -67,13 +69,21 @@ def test_body_under_the_limit_is_served(http):
     assert resp.status_code == 200, resp.text
 
 
-def test_queue_full_is_503_with_retry_after(http, server):
+def test_queue_full_is_503_with_retry_after(launch, stories_path):
+    """1 running + 0 queued, with a request that outlasts the test (ENDLESS_ARGS) holding the slot."""
+    server = launch(["--model-path", stories_path, *ENDLESS_ARGS, "--max-running-requests", "1",
+                     "--max-queued-requests", "0", "--log-level", "info"])
+    with server.client(timeout=60) as http:
+        _queue_full(server, http)
+
+
+def _queue_full(server, http) -> None:
     done: list = []
 
     def long_request() -> None:
         with server.client(timeout=120) as c:
             done.append(c.post("/generate", json={"text": "Once", "rid": "hog",
-                                                  "sampling_params": {"max_new_tokens": 1800, "ignore_eos": True}}))
+                                                  "sampling_params": endless()}))
 
     thread = threading.Thread(target=long_request)
     thread.start()

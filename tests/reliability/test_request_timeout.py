@@ -16,17 +16,17 @@ from typing import Any, Callable
 
 import pytest
 
-from tests.server.helpers import BASE_ARGS, sse_events
+from tests.server.helpers import BASE_ARGS, ENDLESS_ARGS, ENDLESS_TOKENS, endless, sse_events
 
 from .conftest import CHAT_TEMPLATE, assert_pool_free_after_flush
 
 SERVER_TIMEOUT_S = 6
-LONG = {"temperature": 0, "max_new_tokens": 1800, "ignore_eos": True}  # minutes of decoding on CPU
+LONG = endless()  # cannot finish before any limit here, whatever the CPU
 
 
 @pytest.fixture(scope="module")
 def server(launch, stories_path):
-    return launch(["--model-path", stories_path, *BASE_ARGS, "--request-timeout", str(SERVER_TIMEOUT_S),
+    return launch(["--model-path", stories_path, *BASE_ARGS, *ENDLESS_ARGS, "--request-timeout", str(SERVER_TIMEOUT_S),
                    "--chat-template", CHAT_TEMPLATE])
 
 
@@ -113,24 +113,24 @@ def test_server_limit_caps_every_request(server):
 
     def completion() -> Any:
         with server.client(timeout=120) as c:
-            return c.post("/v1/completions", json={"model": "m", "prompt": "Lily", "max_tokens": 1800,
+            return c.post("/v1/completions", json={"model": "m", "prompt": "Lily", "max_tokens": ENDLESS_TOKENS,
                                                     "ignore_eos": True, "temperature": 0}).json()
 
     plain, larger, openai = _concurrently(native({}), native({"timeout": 100}), completion)
     assert plain["meta_info"]["finish_reason"] == _timed_out(SERVER_TIMEOUT_S)
     assert larger["meta_info"]["finish_reason"] == _timed_out(SERVER_TIMEOUT_S)
     assert openai["choices"][0]["finish_reason"] == "abort"
-    assert 0 < openai["usage"]["completion_tokens"] < 1800
+    assert 0 < openai["usage"]["completion_tokens"] < ENDLESS_TOKENS
 
 
 def test_openai_timeout_field(server, http):
-    resp = http.post("/v1/completions", json={"model": "m", "prompt": "Lily", "max_tokens": 1800,
+    resp = http.post("/v1/completions", json={"model": "m", "prompt": "Lily", "max_tokens": ENDLESS_TOKENS,
                                               "ignore_eos": True, "timeout": 0.5})
     assert resp.status_code == 200, resp.text
     assert resp.json()["choices"][0]["finish_reason"] == "abort"
-    assert resp.json()["usage"]["completion_tokens"] < 1800
+    assert resp.json()["usage"]["completion_tokens"] < ENDLESS_TOKENS
 
-    body = {"model": "m", "messages": [{"role": "user", "content": "Tell me a story"}], "max_tokens": 1800,
+    body = {"model": "m", "messages": [{"role": "user", "content": "Tell me a story"}], "max_tokens": ENDLESS_TOKENS,
             "ignore_eos": True, "timeout": 0.5, "stream": True}
     lines = []
     with http.stream("POST", "/v1/chat/completions", json=body) as resp:

@@ -7,7 +7,7 @@ from typing import Optional
 
 import pytest
 
-from .helpers import BASE_ARGS, START_TIMEOUT_S, ServerProcess
+from .helpers import BASE_ARGS, ENDLESS_ARGS, START_TIMEOUT_S, ServerProcess
 
 
 @pytest.fixture(scope="module")
@@ -34,6 +34,12 @@ def launch():
 def server(launch, stories_path) -> ServerProcess:
     """A stories260K server with default settings, shared by one test module."""
     return launch(["--model-path", stories_path, *BASE_ARGS])
+
+
+@pytest.fixture(scope="module")
+def endless_server(launch, stories_path) -> ServerProcess:
+    """Default settings but ENDLESS_ARGS: for tests that need a request still running (``endless()``)."""
+    return launch(["--model-path", stories_path, *BASE_ARGS, *ENDLESS_ARGS])
 
 
 @pytest.fixture(scope="module")

@@ -24,6 +24,14 @@ START_TIMEOUT_S = 240.0
 STOP_TIMEOUT_S = 15.0
 # Small KV pool: faster start, and still room for the abort tests' 16 long requests.
 BASE_ARGS = ["--max-total-tokens", "40000", "--log-level", "info"]
+# Requests that no CPU finishes while a test waits, for tests that need one still running (issue: a
+# test expected an 1,800-token request to outlast a 6 s limit, and a faster CPU finished it first).
+# A server given ENDLESS_ARGS (after BASE_ARGS) has a 200k-token context and pool; an ENDLESS request
+# decodes 190k tokens: 190k scheduler steps and attention whose cost grows with the square of the
+# length (~10^13 FLOPs in all), many minutes on any machine. Only an abort, a timeout or shutdown
+# ends it in a test's time.
+ENDLESS_TOKENS = 190_000
+ENDLESS_ARGS = ["--context-length", "200000", "--max-total-tokens", "250000"]
 
 
 def free_port() -> int:
@@ -158,6 +166,11 @@ class ServerProcess:
 
 def greedy(max_new_tokens: int = 16, **extra) -> dict:
     return {"temperature": 0, "max_new_tokens": max_new_tokens, **extra}
+
+
+def endless(**extra) -> dict:
+    """Sampling params of a request that outlasts any test (on a server started with ENDLESS_ARGS)."""
+    return greedy(ENDLESS_TOKENS, ignore_eos=True, **extra)
 
 
 def sse_events(client: httpx.Client, body: dict) -> list:

@@ -9,14 +9,14 @@ import time
 import httpx
 import pytest
 
-from .helpers import BASE_ARGS, greedy, wait_idle
+from .helpers import BASE_ARGS, ENDLESS_ARGS, endless, greedy, wait_idle
 
-LONG = greedy(1800, ignore_eos=True)  # minutes of decoding on CPU: only an abort ends it in time
+LONG = endless()  # only an abort ends it in a test's time, whatever the CPU
 
 
 @pytest.fixture(scope="module")
 def server(launch, stories_path):
-    return launch(["--model-path", stories_path, *BASE_ARGS, "--max-running-requests", "8"])
+    return launch(["--model-path", stories_path, *BASE_ARGS, *ENDLESS_ARGS, "--max-running-requests", "8"])
 
 
 def _state(http: httpx.Client) -> dict:

@@ -9,7 +9,7 @@ import time
 import httpx
 import pytest
 
-from .helpers import BASE_ARGS, greedy
+from .helpers import BASE_ARGS, ENDLESS_ARGS, endless, greedy
 
 KEY = "test-secret"
 
@@ -105,17 +105,26 @@ def test_api_key_is_required_except_for_health(server):
         assert right.status_code == 200
 
 
-def test_queue_limit_answers_503(http, server):
+@pytest.fixture(scope="module")
+def endless_server(launch, stories_path):
+    """The module's server settings with a context whose requests outlast the test (ENDLESS_ARGS)."""
+    return launch(["--model-path", stories_path, *BASE_ARGS, *ENDLESS_ARGS, "--api-key", KEY,
+                   "--max-running-requests", "2", "--max-queued-requests", "2"], api_key=KEY)
+
+
+def test_queue_limit_answers_503(endless_server):
+    server = endless_server
     results: list = [None] * 4
 
     def long_request(i: int) -> None:
         with server.client() as c:
-            body = {"text": f"Lily {i}", "sampling_params": greedy(1500, ignore_eos=True)}
+            body = {"text": f"Lily {i}", "sampling_params": endless()}
             results[i] = c.post("/generate", json=body)
 
     threads = [threading.Thread(target=long_request, args=(i,)) for i in range(4)]
     for t in threads:
         t.start()
+    http = server.client()
     deadline = time.monotonic() + 60
     while True:  # 2 running + 2 queued: the limit
         state = http.get("/get_server_info").json()["internal_states"][0]
@@ -131,3 +140,4 @@ def test_queue_limit_answers_503(http, server):
         t.join(30)
     assert all(r.json()["meta_info"]["finish_reason"]["type"] == "abort" for r in results)
     _ok(http)
+    http.close()

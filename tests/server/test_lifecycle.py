@@ -12,7 +12,7 @@ import time
 import httpx
 import pytest
 
-from .helpers import BASE_ARGS, ServerProcess, descendants, free_port, greedy, pid_alive
+from .helpers import BASE_ARGS, ENDLESS_ARGS, ServerProcess, descendants, endless, free_port, pid_alive
 
 
 def _stream_in_background(server: ServerProcess) -> threading.Event:
@@ -22,7 +22,7 @@ def _stream_in_background(server: ServerProcess) -> threading.Event:
     def run() -> None:
         try:
             with server.client(timeout=60) as c:
-                body = {"text": "Lily", "stream": True, "sampling_params": greedy(1800, ignore_eos=True)}
+                body = {"text": "Lily", "stream": True, "sampling_params": endless()}
                 with c.stream("POST", "/generate", json=body) as resp:
                     for _ in resp.iter_lines():
                         started.set()
@@ -35,7 +35,7 @@ def _stream_in_background(server: ServerProcess) -> threading.Event:
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_signal_stops_everything_quickly_with_a_stream_open(launch, stories_path, sig):
-    server = launch(["--model-path", stories_path, *BASE_ARGS])
+    server = launch(["--model-path", stories_path, *BASE_ARGS, *ENDLESS_ARGS])
     children = descendants(server.proc.pid)
     assert len(children) >= 2  # scheduler + detokenizer (+ multiprocessing's resource tracker)
     assert _stream_in_background(server).wait(60)
@@ -50,7 +50,7 @@ def test_signal_stops_everything_quickly_with_a_stream_open(launch, stories_path
 
 
 def test_killed_scheduler_makes_the_server_exit_nonzero(launch, stories_path):
-    server = launch(["--model-path", stories_path, *BASE_ARGS])
+    server = launch(["--model-path", stories_path, *BASE_ARGS, *ENDLESS_ARGS])
     assert _stream_in_background(server).wait(60)
     scheduler = server.child_pid("scheduler")
     os.kill(scheduler, signal.SIGKILL)
@@ -89,7 +89,7 @@ def test_bad_model_path_and_bad_flags_fail_fast():
 
 
 def test_children_exit_when_the_launcher_is_killed(launch, stories_path):
-    server = launch(["--model-path", stories_path, *BASE_ARGS])
+    server = launch(["--model-path", stories_path, *BASE_ARGS, *ENDLESS_ARGS])
     children = [server.child_pid("scheduler"), server.child_pid("detokenizer")]
     assert _stream_in_background(server).wait(60)  # the scheduler is busy decoding
     server.proc.send_signal(signal.SIGKILL)

@@ -7,7 +7,7 @@ import time
 
 from tests.conftest import STORY_PROMPTS
 
-from .helpers import greedy, wait_idle
+from .helpers import endless, greedy, wait_idle
 
 
 def test_health_and_health_generate(http):
@@ -37,7 +37,13 @@ def test_server_info_has_every_server_arg(http):
     assert state["max_total_num_tokens"] == 40000 and state["context_len"] == 2048
 
 
-def test_flush_cache_frees_the_pool_and_is_refused_while_busy(http, server):
+def test_flush_cache_frees_the_pool_and_is_refused_while_busy(endless_server):
+    server = endless_server
+    with server.client() as http:
+        _flush_while_busy(server, http)
+
+
+def _flush_while_busy(server, http) -> None:
     http.post("/generate", json={"text": STORY_PROMPTS[0], "sampling_params": greedy(4)})
     before = wait_idle(http)
     assert before["evictable_size"] > 0
@@ -51,7 +57,7 @@ def test_flush_cache_frees_the_pool_and_is_refused_while_busy(http, server):
 
     def long_request() -> None:
         with server.client() as c:
-            result["r"] = c.post("/generate", json={"text": "Lily", "sampling_params": greedy(300, ignore_eos=True)})
+            result["r"] = c.post("/generate", json={"text": "Lily", "sampling_params": endless()})
         done.set()
 
     worker = threading.Thread(target=long_request)

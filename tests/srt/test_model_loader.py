@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import time
 from pathlib import Path
 
 import pytest
@@ -147,12 +146,9 @@ def test_gguf_tokenizer_matches_hf_folder(stories_gguf_folder: str):
 def test_gguf_second_resolve_reuses_cache(stories_gguf_folder: str, stories_cache: Path):
     weights = Path(stories_gguf_folder) / "model.safetensors"
     before = weights.stat().st_mtime_ns
-    start = time.perf_counter()
     again = resolve_model_path(str(STORIES_GGUF), cache_dir=str(stories_cache))
-    elapsed = time.perf_counter() - start
     assert again == stories_gguf_folder
-    assert weights.stat().st_mtime_ns == before
-    assert elapsed < 0.5, elapsed
+    assert weights.stat().st_mtime_ns == before  # not converted again (no wall-clock bound: CI may be loaded)
 
 
 def test_gguf_cache_dir_from_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
