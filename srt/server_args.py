@@ -122,7 +122,10 @@ class ServerArgs:
                 parser.add_argument(flag, action="store_true", default=f.default, help=help_text)
                 continue
             base = _base_type(typ)
-            parser.add_argument(flag, type=base, default=f.default, help=f"{help_text} (default: {f.default})")
+            # The help text may say its own default (e.g. "default: the model's"); None says nothing.
+            if f.default is not None and "default" not in help_text:
+                help_text = f"{help_text} (default: {f.default})"
+            parser.add_argument(flag, type=base, default=f.default, help=help_text)
 
     @classmethod
     def from_cli_args(cls, ns: argparse.Namespace) -> "ServerArgs":
