@@ -133,13 +133,11 @@ def _build(args: "ServerArgs", paths: "IpcPaths", ctx: Any, sockets: list[Any], 
         send_output = to_detokenizer.send
     device = resolve_device(args.device)
     if device.type == "cpu":
-        # OMP_NUM_THREADS wins when set; else the cores are split evenly between the ranks (one rank:
-        # torch's default, all of them). Oversubscribing a busy box makes OpenMP matmuls several
-        # times slower, so benchmarks pin this.
-        env_threads = int(os.environ.get("OMP_NUM_THREADS") or 0)
-        threads = env_threads or max(1, (os.cpu_count() or 1) // args.tp_size)
-        if env_threads or args.tp_size > 1:
-            torch.set_num_threads(threads)
+        from radixlm.srt.cpu_runtime import cpu_threads
+
+        # --cpu-threads, else OMP_NUM_THREADS, else the available cores split between the ranks:
+        # oversubscribing the cores makes every OpenMP region wait for a descheduled thread.
+        torch.set_num_threads(cpu_threads(args.cpu_threads, args.tp_size))
     tp = init_tp_group(tp_rank, args.tp_size, os.path.join(paths.root, "tp_rendezvous"), device)
     model_config = ModelConfig.from_path(args.model_path, dtype=args.dtype, context_length=args.context_length,
                                          device=args.device, cache_dir=args.cache_dir)

@@ -45,6 +45,10 @@ class Engine:
         args = self.server_args
         self.model_config = ModelConfig.from_path(args.model_path, dtype=args.dtype, context_length=args.context_length,
                                                   device=args.device, cache_dir=args.cache_dir)
+        if args.cpu_threads is not None:  # only when asked: the process is the caller's
+            import torch
+
+            torch.set_num_threads(args.cpu_threads)
         self.tokenizer = load_tokenizer(self.model_config.model_path, args.tokenizer_path)
         self.worker = TpModelWorker(self.model_config, args)
         self._outbox: list[BatchTokenOut] = []
@@ -83,7 +87,10 @@ class Engine:
 
     def get_server_info(self) -> dict:
         state = self.scheduler.internal_state()
+        from radixlm.srt.cpu_runtime import cpu_info
+
         return {**self.server_args.to_dict(), "max_total_num_tokens": state.max_total_num_tokens,
+                "model_dtype": str(self.model_config.dtype).removeprefix("torch."), "cpu": cpu_info().to_json(),
                 "internal_state": {f: getattr(state, f) for f in state.__struct_fields__}}
 
     def shutdown(self) -> None:

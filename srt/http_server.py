@@ -288,13 +288,18 @@ def create_app(tm: TokenizerManager, server_args: Any, model_info: dict, metrics
     async def get_model_info() -> Response:
         return json_response(model_info)
 
+    from radixlm.srt.cpu_runtime import cpu_info
+
+    cpu = cpu_info().to_json()
+
     @app.get("/get_server_info")
     @app.get("/server_info")
     async def get_server_info() -> Response:
         state = await tm.internal_state()
         state_dict = msgspec.structs.asdict(state)
         return json_response({**server_args.to_dict(), "max_total_num_tokens": state.max_total_num_tokens,
-                              "version": version, "internal_states": [state_dict],
+                              "version": version, "model_dtype": model_info.get("dtype"), "cpu": cpu,
+                              "internal_states": [state_dict],
                               "internal_state": state_dict})  # the offline Engine's key
 
     @app.api_route("/flush_cache", methods=["GET", "POST"])

@@ -136,7 +136,11 @@ def _start_children(args: ServerArgs, resolved: str, paths: Any) -> list[_Child]
     from radixlm.managers.detokenizer_manager import run_detokenizer_process
     from radixlm.managers.scheduler_process import run_scheduler_process
 
+    from radixlm.srt.cpu_runtime import openmp_env
+
     ctx = multiprocessing.get_context("spawn")
+    # Spawned children inherit the environment; OpenMP reads it when torch loads there.
+    os.environ.update(openmp_env())
     child_args = dataclasses.replace(args, model_path=resolved)
     specs = [("detokenizer", run_detokenizer_process, (args.tokenizer_path or resolved, paths))]
     # One scheduler per tensor-parallel rank; rank 0 owns the sockets (DESIGN.md section 2).
@@ -184,6 +188,11 @@ async def _serve(args: ServerArgs, children: list[_Child], tokenizer: Any, model
     from radixlm.srt.http_server import create_app
     from radixlm.srt.metrics import ServerMetrics
 
+    from radixlm.srt.cpu_runtime import cpu_info
+
+    cpu = cpu_info()
+    logger.info("model dtype %s (--dtype %s); CPU %r with %s, %d cores", model_config.dtype, args.dtype,
+                cpu.model, ",".join(cpu.flags) or "no relevant flags", cpu.cores)
     hf = model_config.hf_config
     model_info = {"model_path": args.model_path or model_config.model_path,
                   "tokenizer_path": args.tokenizer_path or model_config.model_path,
@@ -192,6 +201,7 @@ async def _serve(args: ServerArgs, children: list[_Child], tokenizer: Any, model
                   "has_image_understanding": False, "model_type": getattr(hf, "model_type", None),
                   "architectures": list(getattr(hf, "architectures", None) or [model_config.architecture]),
                   "context_length": model_config.context_len,
+                  "dtype": str(model_config.dtype).removeprefix("torch."),
                   # The Jinja chat template the server renders /v1/chat/completions with (None if the
                   # model has none), so remote frontends format roles the same way.
                   "chat_template": _chat_template_text(args, tokenizer)}

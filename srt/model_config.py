@@ -64,7 +64,7 @@ class ModelConfig:
 
         Args:
             model_path: ``None`` for the demo model, a folder, a ``.gguf`` file or a hub id.
-            dtype: ``"auto"`` (float32 on CPU, the config's dtype on CUDA) or an explicit
+            dtype: ``"auto"`` (CPU: bfloat16 with AMX-BF16/AVX512-BF16, else float32; CUDA: the config's) or an explicit
                 ``"float32" | "bfloat16" | "float16"`` (aliases ``float``, ``half``, ``bf16``...).
             context_length: overrides ``max_position_embeddings`` when given (must be > 0).
             device: ``"cpu"``, ``"cuda"`` or ``"cuda:N"``; only affects the ``auto`` dtype.
@@ -108,15 +108,19 @@ class ModelConfig:
         )
 
 
-def _pick_dtype(dtype: str, hf_config: Any, device: str) -> torch.dtype:
-    """``auto``: float32 on CPU (bf16/fp16 matmuls are slow or missing there), else the config's."""
+def _pick_dtype(dtype: str, hf_config: Any, device: str, cpu: Any = None) -> torch.dtype:
+    """``auto``: on CPU, bfloat16 where the CPU has bf16 GEMM units (AMX-BF16 / AVX512-BF16), else
+    float32 (bf16 is emulated and slower there); on CUDA the config's dtype. ``cpu``: a
+    ``cpu_runtime.CpuInfo`` (default: this machine's)."""
     name = str(dtype).lower()
     if name != "auto":
         if name not in _DTYPES:
             raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPE_CHOICES)}")
         return _DTYPES[name]
     if not str(device).startswith("cuda"):
-        return torch.float32
+        from radixlm.srt.cpu_runtime import cpu_info, prefers_bf16
+
+        return torch.bfloat16 if prefers_bf16(cpu if cpu is not None else cpu_info()) else torch.float32
     declared = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
     if isinstance(declared, torch.dtype):
         return declared if declared in _DTYPES.values() else torch.float32

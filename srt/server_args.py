@@ -38,9 +38,13 @@ class ServerArgs:
     port: int = field(default=30000, metadata={"help": "HTTP port"})
     api_key: Optional[str] = field(default=None, metadata={"help": "require 'Authorization: Bearer KEY' on every route but /health"})
     device: str = field(default="auto", metadata={"help": "auto|cpu|cuda"})
-    dtype: str = field(default="auto", metadata={"help": "auto (fp32 on CPU)|float32|bfloat16|float16"})
+    dtype: str = field(default="auto", metadata={"help": "auto|float32|bfloat16|float16; auto on CPU: bfloat16 "
+                                                          "with AMX-BF16 or AVX512-BF16 units, else float32"})
     context_length: Optional[int] = field(default=None, metadata={"help": "override the model's context length"})
     tp_size: int = field(default=1, metadata={"help": "tensor-parallel ranks"})
+    cpu_threads: Optional[int] = field(default=None, metadata={"help": (
+        "intra-op CPU threads per scheduler rank (default: OMP_NUM_THREADS, else the available cores "
+        "split between the TP ranks)")})
     page_size: int = field(default=1, metadata={"help": "tokens per KV page (power of two)"})
     max_total_tokens: Optional[int] = field(default=None, metadata={"help": "KV pool size in tokens (default: from --mem-fraction-static)"})
     mem_fraction_static: float = field(default=0.1, metadata={"help": "fraction of (CPU or GPU) memory for weights + KV pool"})
@@ -76,6 +80,8 @@ class ServerArgs:
         choice("dtype", DTYPES)
         if self.page_size < 1 or self.page_size & (self.page_size - 1):
             raise ServerArgsError(f"--page-size must be a power of two, got {self.page_size}")
+        if self.cpu_threads is not None and self.cpu_threads < 1:
+            raise ServerArgsError(f"--cpu-threads must be >= 1, got {self.cpu_threads}")
         if self.tp_size < 1:
             raise ServerArgsError(f"--tp-size must be >= 1, got {self.tp_size}")
         if self.chunked_prefill_size != -1 and self.chunked_prefill_size < 1:

@@ -33,6 +33,11 @@ def test_server_info_has_every_server_arg(http):
     assert fields <= info.keys() and "api_key" not in info
     assert info["max_total_tokens"] == 40000 and info["max_total_num_tokens"] == 40000
     assert info["version"] == __version__
+    from radixlm.srt.cpu_runtime import cpu_info, prefers_bf16
+
+    here = cpu_info()
+    assert info["model_dtype"] == ("bfloat16" if prefers_bf16(here) else "float32")  # --dtype auto on this CPU
+    assert info["cpu"] == here.to_json() and info["cpu"]["cores"] >= 1
     state = info["internal_states"][0]
     assert state["max_total_num_tokens"] == 40000 and state["context_len"] == 2048
 
@@ -162,3 +167,13 @@ def test_model_info_reports_chat_template(server, http):
     info = http.get("/get_model_info").json()
     assert "chat_template" in info  # stories260K has none: null
     assert info["chat_template"] is None
+
+
+def test_scheduler_runs_with_passive_openmp_waits(server):
+    """The launcher gives the scheduler OMP_WAIT_POLICY=PASSIVE (unless the user set one): spinning
+    OpenMP workers made every small parallel region wait on a busy machine (radixlm.srt.cpu_runtime)."""
+    import os
+
+    env = open(f"/proc/{server.child_pid('scheduler')}/environ", "rb").read().split(b"\0")
+    expected = os.environ.get("OMP_WAIT_POLICY", "PASSIVE").encode()
+    assert b"OMP_WAIT_POLICY=" + expected in env

@@ -1,0 +1,108 @@
+"""What the CPU can do and how the scheduler process uses it: bf16 units, thread count, OpenMP waiting.
+
+- ``cpu_info()``: the model name and the instruction-set flags that matter for inference, read from
+  ``/proc/cpuinfo`` (Linux; elsewhere, torch's ``backends.cpu.get_cpu_capability()`` only).
+- ``prefers_bf16(info)``: True on CPUs with AMX-BF16 or AVX512-BF16 units, where oneDNN's bf16 GEMM
+  runs several times faster than fp32 (measured 948 vs 187 GFLOP/s on a 2-core Xeon with AMX). There
+  ``--dtype auto`` means bfloat16; elsewhere bf16 is emulated and slower, so it means float32.
+- ``openmp_env()``: the OpenMP settings children get. ``OMP_WAIT_POLICY=PASSIVE`` unless the user
+  set one: with GNU OpenMP's default (worker threads spin ~300k iterations at every barrier), a
+  machine whose cores are also busy with other processes made each of the hundreds of small
+  parallel regions in a decode step wait for a descheduled thread; SmolLM2 batch-1 decode on 2
+  cores with another job running went from 754 ms to 63 ms per step with PASSIVE (docs/benchmarks.md).
+  It only takes effect in a process whose OpenMP runtime has not started yet (set before torch is
+  imported), so the launcher sets it for the scheduler processes it spawns.
+- ``cpu_threads(requested, tp_size)``: intra-op threads per scheduler rank.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Optional
+
+# Flags reported (the rest of /proc/cpuinfo's list is noise for inference).
+RELEVANT_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni", "avx_vnni",
+                  "amx_bf16", "amx_int8", "amx_tile")
+BF16_FLAGS = ("amx_bf16", "avx512_bf16")
+
+
+@dataclass(frozen=True)
+class CpuInfo:
+    """``model``: the CPU's marketing name ("" if unknown); ``flags``: the RELEVANT_FLAGS present;
+    ``cores``: CPUs this process may run on (``sched_getaffinity``)."""
+
+    model: str = ""
+    flags: tuple[str, ...] = field(default_factory=tuple)
+    cores: int = 1
+
+    def to_json(self) -> dict:
+        return {"model": self.model, "flags": list(self.flags), "cores": self.cores}
+
+
+def parse_cpuinfo(text: str) -> tuple[str, set[str]]:
+    """(model name, all flags) of the first processor in a ``/proc/cpuinfo`` text."""
+    model, flags = "", set()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key == "model name" and not model:
+            model = value.strip()
+        elif key == "flags" and not flags:
+            flags = set(value.split())
+    return model, flags
+
+
+def available_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
+
+
+def cpu_info(cpuinfo_path: str = "/proc/cpuinfo") -> CpuInfo:
+    """Read this machine's CPU model and relevant flags (never raises)."""
+    try:
+        with open(cpuinfo_path, encoding="utf-8", errors="replace") as f:
+            model, flags = parse_cpuinfo(f.read())
+    except OSError:
+        model, flags = "", set()
+    if not flags:
+        try:
+            import torch
+
+            cap = torch.backends.cpu.get_cpu_capability().lower()  # "AVX512", "AVX2", "DEFAULT"...
+            flags = {"avx512f", "avx2"} if cap.startswith("avx512") else ({"avx2"} if cap == "avx2" else set())
+        except Exception:  # noqa: BLE001 - best effort
+            flags = set()
+    return CpuInfo(model, tuple(f for f in RELEVANT_FLAGS if f in flags), available_cores())
+
+
+def prefers_bf16(info: CpuInfo) -> bool:
+    """Whether bf16 GEMMs run natively (AMX-BF16 or AVX512-BF16)."""
+    return any(f in info.flags for f in BF16_FLAGS)
+
+
+def openmp_env(environ: Optional[dict[str, str]] = None) -> dict[str, str]:
+    """Variables to add to a child's environment: ``OMP_WAIT_POLICY=PASSIVE`` unless already set."""
+    environ = os.environ if environ is None else environ
+    return {} if environ.get("OMP_WAIT_POLICY") else {"OMP_WAIT_POLICY": "PASSIVE"}
+
+
+def cpu_threads(requested: Optional[int], tp_size: int, environ: Optional[dict[str, str]] = None,
+                cores: Optional[int] = None) -> int:
+    """Intra-op threads of one scheduler rank: ``--cpu-threads`` if given, else ``OMP_NUM_THREADS``,
+    else the cores this process may use split evenly between the TP ranks (at least 1).
+
+    Raises:
+        ValueError: ``requested`` < 1.
+    """
+    environ = os.environ if environ is None else environ
+    if requested is not None:
+        if requested < 1:
+            raise ValueError(f"--cpu-threads must be >= 1, got {requested}")
+        return requested
+    env = (environ.get("OMP_NUM_THREADS") or "").strip()
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    return max(1, (cores if cores is not None else available_cores()) // max(tp_size, 1))

@@ -1,0 +1,61 @@
+"""CPU feature detection, the ``--dtype auto`` choice, thread count and OpenMP settings."""
+
+from __future__ import annotations
+
+import torch
+
+from radixlm.srt.cpu_runtime import CpuInfo, cpu_info, cpu_threads, openmp_env, parse_cpuinfo, prefers_bf16
+from radixlm.srt.model_config import ModelConfig, _pick_dtype
+from radixlm.srt.server_args import ServerArgs, ServerArgsError
+
+XEON = """processor\t: 0
+vendor_id\t: GenuineIntel
+model name\t: Intel(R) Xeon(R) Platinum 8480+
+flags\t\t: fpu sse2 avx2 fma avx512f avx512_bf16 avx512_vnni amx_bf16 amx_tile amx_int8
+processor\t: 1
+model name\t: ignored
+flags\t\t: fpu
+"""
+EPYC = "model name\t: AMD EPYC\nflags\t\t: fpu avx2 fma f16c\n"
+
+
+def test_parse_cpuinfo_reads_the_first_processor():
+    model, flags = parse_cpuinfo(XEON)
+    assert model == "Intel(R) Xeon(R) Platinum 8480+"
+    assert {"amx_bf16", "avx512_bf16", "avx2"} <= flags and "fpu" in flags
+
+
+def test_bf16_only_with_bf16_units(tmp_path):
+    xeon, epyc = tmp_path / "xeon", tmp_path / "epyc"
+    xeon.write_text(XEON)
+    epyc.write_text(EPYC)
+    assert prefers_bf16(cpu_info(str(xeon))) and not prefers_bf16(cpu_info(str(epyc)))
+    assert cpu_info(str(epyc)).flags == ("avx2", "fma", "f16c")
+    assert prefers_bf16(CpuInfo(flags=("avx512_bf16",))) and not prefers_bf16(CpuInfo(flags=("avx512f",)))
+
+
+def test_dtype_auto_follows_the_cpu(stories_path):
+    cfg = ModelConfig.from_path(stories_path).hf_config
+    assert _pick_dtype("auto", cfg, "cpu", CpuInfo(flags=("amx_bf16",))) == torch.bfloat16
+    assert _pick_dtype("auto", cfg, "cpu", CpuInfo(flags=("avx2",))) == torch.float32
+    assert _pick_dtype("float32", cfg, "cpu", CpuInfo(flags=("amx_bf16",))) == torch.float32
+    here = torch.bfloat16 if prefers_bf16(cpu_info()) else torch.float32
+    assert ModelConfig.from_path(stories_path).dtype == here
+
+
+def test_cpu_threads_precedence():
+    assert cpu_threads(3, 1, environ={"OMP_NUM_THREADS": "1"}, cores=8) == 3
+    assert cpu_threads(None, 1, environ={"OMP_NUM_THREADS": "2"}, cores=8) == 2
+    assert cpu_threads(None, 2, environ={}, cores=8) == 4
+    assert cpu_threads(None, 4, environ={"OMP_NUM_THREADS": ""}, cores=2) == 1
+    try:
+        ServerArgs.from_kwargs(cpu_threads=0)
+    except ServerArgsError as e:
+        assert "--cpu-threads must be >= 1" in str(e)
+    else:
+        raise AssertionError("cpu_threads=0 accepted")
+
+
+def test_openmp_env_keeps_the_users_choice():
+    assert openmp_env({}) == {"OMP_WAIT_POLICY": "PASSIVE"}
+    assert openmp_env({"OMP_WAIT_POLICY": "ACTIVE"}) == {}
