@@ -58,6 +58,7 @@ def _load_sibling(name: str) -> Any:
 
 ds = _load_sibling("datasets")
 common = _load_sibling("common")
+busy_processes = _load_sibling("contention").busy_processes
 BenchRequest = ds.BenchRequest
 NATIVE = ("radixlm", "sglang")
 BACKENDS = (*NATIVE, "openai", "openai-chat", "hf-serve", "hf-static")
@@ -459,6 +460,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--hf-batch-size", type=int, default=32, help="hf-static: requests per generate call")
     ap.add_argument("--hf-threads", type=int, default=None,
                     help="hf-static: torch.set_num_threads (default: torch's, i.e. OMP_NUM_THREADS)")
+    ap.add_argument("--busy-procs", type=int, default=0,
+                    help="keep N CPU-bound processes running beside the servers while each target is measured "
+                         "(contention; the warm-up too)")
     ap.add_argument("--output", default="bench_results/bench_serving.json")
     ds.add_dataset_args(ap)
     return ap
@@ -505,7 +509,10 @@ def main(argv: Optional[list[str]] = None) -> dict:
     dataset = ds.describe(args)
     print(f"dataset {dataset}: {len(requests)} requests, request rate {args.request_rate}, "
           f"max concurrency {args.max_concurrency}")
-    results = [_run_target(t, requests, args, tokenizer) for t in targets]
+    results = []
+    for t in targets:
+        with busy_processes(args.busy_procs):
+            results.append({**_run_target(t, requests, args, tokenizer), "busy_procs": args.busy_procs})
     for r in results:
         if r.get("skipped"):
             print(f"{r['label']}: skipped: {r['skipped']}")
@@ -514,6 +521,7 @@ def main(argv: Optional[list[str]] = None) -> dict:
     rows = report(results)
     rate = args.request_rate if math.isfinite(args.request_rate) else "inf"  # strict JSON has no Infinity
     payload = {"benchmark": "bench_serving", "dataset": dataset, "tokenizer": tokenizer.name_or_path,
+               "busy_procs": args.busy_procs,
                "request_rate": rate, "max_concurrency": args.max_concurrency,
                "targets": results, "table": rows, "args": {**vars(args), "request_rate": rate}}
     common.write_json(args.output, payload)

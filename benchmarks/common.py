@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 MODELS = {
-    "stories260k": str(Path(__file__).resolve().parents[1].parent / "shared" / "models" / "stories260k-hf"),
+    "stories260k": str(Path(__file__).resolve().parents[1] / "tests" / "assets" / "models" / "stories260k-hf"),
     "smollm2": None,  # the demo model (resolved by radixlm)
 }
 

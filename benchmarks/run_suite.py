@@ -64,6 +64,7 @@ def workloads(quick: bool) -> list[tuple[str, Optional[tuple[str, ...]], list[st
                                                   "--json-input-len", "16", "32", "--json-output-len", "48",
                                                   "--max-concurrency", "2"]),
             *[(f"sweep_c{c}", NO_NOCACHE, _random(2 * c, (8, 16), (8, 8), c, c)) for c in QUICK_SWEEP],
+            ("busy2_c1", NO_NOCACHE, [*_random(2, (8, 16), (8, 8), 1, 1), "--busy-procs", "2"]),
         ]
     return [
         ("shared_prefix", ALL, ["--dataset-name", "generated-shared-prefix", "--gsp-num-groups", "8",
@@ -75,6 +76,13 @@ def workloads(quick: bool) -> list[tuple[str, Optional[tuple[str, ...]], list[st
                                               "--json-input-len", "32", "128", "--json-output-len", "96",
                                               "--max-concurrency", "16"]),
         *[(f"sweep_c{c}", NO_NOCACHE, _random(max(8, 2 * c), (64, 128), (128, 128), c, c)) for c in SWEEP],
+        # Contention: shared_prefix and concurrency 1 again with two busy processes beside the servers;
+        # compare each system's row with its quiet one (the fraction of throughput it keeps).
+        ("busy2_shared_prefix", NO_NOCACHE, ["--dataset-name", "generated-shared-prefix", "--gsp-num-groups", "8",
+                                             "--gsp-prompts-per-group", "16", "--gsp-system-prompt-len", "512",
+                                             "--gsp-question-len", "32", "--gsp-output-len", "32",
+                                             "--hf-batch-size", "32", "--busy-procs", "2"]),
+        ("busy2_c1", NO_NOCACHE, [*_random(8, (64, 128), (128, 128), 1, 1), "--busy-procs", "2"]),
     ]
 
 

@@ -95,6 +95,22 @@ def test_suite_targets_per_workload():
     full = {name: wl for name, _, wl in suite.workloads(False)}
     assert full["decode_heavy"][full["decode_heavy"].index("--max-concurrency") + 1] == "64"
     assert [n for n in full if n.startswith("sweep")] == ["sweep_c1", "sweep_c4", "sweep_c16", "sweep_c64"]
+    assert [n for n in full if n.startswith("busy2")] == ["busy2_shared_prefix", "busy2_c1"]
+    assert all(full[n][full[n].index("--busy-procs") + 1] == "2" for n in full if n.startswith("busy2"))
+
+
+def test_busy_processes_run_during_the_block_and_stop_after():
+    import time
+
+    busy = load("contention").busy_processes
+    with busy(2) as pids:
+        assert len(pids) == 2
+        time.sleep(0.3)
+        for pid in pids:  # running and using CPU
+            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            assert stat[0] in "RS"
+    for pid in pids:
+        assert not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
 
 
 def test_hf_serve_and_schema_field_payloads(bench, ds, stories_tok):
@@ -127,7 +143,9 @@ def test_run_all_quick(stories_path, tmp_path):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     res = tmp_path / "res"
     names = {p.stem for p in res.glob("*.json")}
-    assert names == {"shared_prefix", "decode_heavy", "random", "json_schema", "sweep_c1", "sweep_c2", "sweep_c4"}
+    assert names == {"shared_prefix", "decode_heavy", "random", "json_schema", "sweep_c1", "sweep_c2", "sweep_c4",
+                     "busy2_c1"}
+    assert json.loads((res / "busy2_c1.json").read_text())["busy_procs"] == 2
     gsp = json.loads((res / "shared_prefix.json").read_text())
     assert [t["label"] for t in gsp["targets"]] == ["radixlm", "radixlm-nocache", "hf-static"]
     assert all(t["metrics"]["failed"] == 0 and t["metrics"]["completed"] == 4 for t in gsp["targets"])
