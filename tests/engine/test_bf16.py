@@ -14,8 +14,7 @@ import pytest
 import torch
 
 from radixlm.srt.engine import Engine
-from tests.conftest import STORY_PROMPTS
-from tests.engine.test_greedy_vs_hf import assert_clean
+from tests.engine.test_greedy_vs_hf import assert_clean, prompts_ids  # noqa: F401 (a fixture)
 
 MAX_NEW = 24
 SP = {"temperature": 0, "max_new_tokens": MAX_NEW, "min_new_tokens": MAX_NEW}
@@ -27,14 +26,6 @@ VARIANTS = {
     "no_radix": {"disable_radix_cache": True},
     "retract": {"max_total_tokens": 400, "schedule_conservativeness": 0.3},
 }
-
-
-@pytest.fixture(scope="module")
-def prompts_ids(stories_path):
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(stories_path)
-    return [tok.encode(p) for p in STORY_PROMPTS]
 
 
 @pytest.fixture(scope="module")
