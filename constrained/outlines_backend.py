@@ -5,8 +5,13 @@ never with ``Vocabulary.from_pretrained`` (that downloads from the hub). A JSON 
 regex through ``outlines_core.json_schema.build_regex_from_schema`` with a whitespace pattern that
 allows at most one space between JSON tokens (``any_whitespace=True``: any run of spaces, tabs
 and newlines), then an ``Index`` (a token-level DFA shared by all matchers of the grammar).
-Numeric bounds, which outlines-core ignores, are spliced in and other ignored keywords rejected
-(``schema_rewrite.prepare_outlines_schema``).
+Numeric bounds, which outlines-core ignores, are spliced in (numbers without bounds get 16-digit
+ones) and other ignored keywords rejected (``schema_rewrite.prepare_outlines_schema``).
+
+outlines-core 0.2.14's index gives regex alternatives leftmost-first priority (``a|abc`` stops
+after ``a``; our range regexes put wider alternatives first) and, from an accepting state, moves
+only to accepting states (``ab(cd)?`` stops after ``ab`` unless ``cd`` is one token): a top-level
+number written one byte per token cannot take a fraction. Inside an object or array it can.
 
 Stop tokens are handled here, not by the guide: a stop token is accepted iff the guide is in a
 final state, after which the matcher is terminated.
@@ -24,7 +29,11 @@ from radixlm.constrained.base import (
     GrammarMatcher,
     token_ids_bitmask_row,
 )
-from radixlm.constrained.schema_rewrite import prepare_outlines_schema, splice_regex
+from radixlm.constrained.schema_rewrite import (
+    number_range_regex,
+    prepare_outlines_schema,
+    splice_regex,
+)
 from radixlm.constrained.spec import GrammarError, GrammarSpec
 from radixlm.constrained.vocab import token_bytes_table
 
@@ -41,11 +50,12 @@ def any_object_regex(ws: str) -> str:
 
     outlines-core's own regex for ``{"type": "object"}`` takes ~10 s to index over a 49k vocabulary;
     this one (~0.8 s) allows object values that are primitives, flat arrays of primitives or flat
-    objects of primitives (nesting depth <= 2).
+    objects of primitives (nesting depth <= 2). Numbers are bounded as in a JSON schema
+    (``schema_rewrite.number_range_regex``: at most 16 integer and 6 fraction digits).
     """
-    from outlines_core.json_schema import BOOLEAN, NULL, NUMBER, STRING
+    from outlines_core.json_schema import BOOLEAN, NULL, STRING
 
-    prim = f"({STRING}|{NUMBER}|{BOOLEAN}|{NULL})"
+    prim = f"({STRING}|{number_range_regex(None, None)}|{BOOLEAN}|{NULL})"
 
     def seq(item: str) -> str:  # "item, item, ..." (possibly empty)
         return f"({item}({ws},{ws}{item})*)?"

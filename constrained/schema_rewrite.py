@@ -8,6 +8,14 @@
   inclusive integer-valued number bounds are compiled here into a regex (spliced in through a
   ``const`` placeholder); every other ignored keyword raises ``GrammarError`` instead of producing
   output that violates the schema.
+* Neither library bounds a number's length: a model could write digits until ``max_new_tokens``
+  (``"population": 89345764000002348000…``, cut, invalid). A number without an upper (lower) bound
+  gets one here: fewer than ``10**MAX_INTEGER_DIGITS`` in magnitude, i.e. at most 16 integer digits
+  (RFC 8259 section 6: integers beyond 2**53, 16 digits, are not interoperable, and an IEEE double
+  holds about 16 significant digits), and at most ``MAX_FRACTION_DIGITS`` fraction digits, no
+  exponent. xgrammar gets ``exclusiveMinimum``/``exclusiveMaximum`` (its own range lowering, which
+  bounds fractions to 6 digits); for outlines the range regexes cap an open side at 16 digits. A
+  one-sided bound of more digits keeps its own digit count on the open side.
 """
 
 from __future__ import annotations
@@ -20,6 +28,9 @@ from typing import Any, Optional
 from radixlm.constrained.spec import GrammarError
 
 MAX_PATTERN_LENGTH = 256  # xgrammar's regex path blows up on large repetition counts
+MAX_INTEGER_DIGITS = 16  # digits before the point of a number the schema leaves unbounded
+MAX_FRACTION_DIGITS = 6  # digits after the point (xgrammar's precision for bounded numbers)
+_NUMERIC_TYPES = ("integer", "number")
 _SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 _SCHEMA_ONE = ("additionalProperties", "not", "if", "then", "else", "contains", "propertyNames",
                "unevaluatedProperties", "unevaluatedItems", "additionalItems")
@@ -86,13 +97,63 @@ def _string_length_to_pattern(node: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def digits_limit(bound: float) -> int:
+    """The power of ten above ``|bound|`` with at least ``MAX_INTEGER_DIGITS`` zeros: a number
+    under it in magnitude has at most ``max(16, digits of int(|bound|))`` integer digits."""
+    return 10 ** max(MAX_INTEGER_DIGITS, len(str(int(abs(bound)))))
+
+
+def _is_finite_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def bound_number(node: dict[str, Any]) -> dict[str, Any]:
+    """A ``type: integer|number`` (sub)schema with both sides bounded: a missing side becomes
+    ``exclusiveMaximum`` ``digits_limit(lower bound or 0)`` / ``exclusiveMinimum`` its negative.
+
+    Schemas with ``enum``/``const``, a type list, or draft-4 boolean exclusive bounds are returned
+    unchanged (the first are bounded already; the others the backend handles or rejects).
+    """
+    if node.get("type") not in _NUMERIC_TYPES or "enum" in node or "const" in node:
+        return node
+    given = {k: node[k] for k in _BOUNDS if k in node}
+    if not all(_is_finite_number(v) for v in given.values()):
+        return node
+    lows = [v for k, v in given.items() if k.endswith("inimum")]
+    highs = [v for k, v in given.items() if k.endswith("aximum")]
+    if lows and highs:
+        return node
+    out = dict(node)
+    if not highs:
+        out["exclusiveMaximum"] = digits_limit(max(max(lows, default=0), 0))
+    if not lows:
+        out["exclusiveMinimum"] = -digits_limit(min(min(highs, default=0), 0))
+    return out
+
+
 def patch_xgrammar_schema(text: str) -> str:
-    """Schema text for xgrammar: length-bounded strings go through the JSON-aware pattern path."""
+    """Schema text for xgrammar: length-bounded strings go through the JSON-aware pattern path,
+    and numbers the schema leaves unbounded get bounds (``bound_number``).
+
+    Text that is not a JSON object is returned as is (xgrammar reports it).
+    """
     schema = _load(text)
     if not isinstance(schema, dict):
         return text
-    patched = map_schema(schema, _string_length_to_pattern)
+    patched = map_schema(schema, lambda node: bound_number(_string_length_to_pattern(node)))
     return text if patched == schema else _dump(patched)
+
+
+# A JSON value of any kind (``json_object``'s values): numbers get bounded like any other.
+ANY_OBJECT_SCHEMA: dict[str, Any] = {
+    "$defs": {"value": {"anyOf": [
+        {"type": "string"}, {"type": "number"}, {"type": "boolean"}, {"type": "null"},
+        {"type": "array", "items": {"$ref": "#/$defs/value"}},
+        {"type": "object", "additionalProperties": {"$ref": "#/$defs/value"}},
+    ]}},
+    "type": "object",
+    "additionalProperties": {"$ref": "#/$defs/value"},
+}
 
 
 # ------------------------------------------------------------------------------------ outlines
@@ -115,21 +176,28 @@ def _digits_range(lo: str, hi: str) -> list[str]:
 
 
 def natural_range_regex(lo: int, hi: Optional[int]) -> str:
-    """Regex for the canonical decimal naturals in [lo, hi] (hi None: unbounded), 0 <= lo."""
+    """Regex for the canonical decimal naturals in [lo, hi], 0 <= lo; hi None: below
+    ``digits_limit(lo)`` (at most 16 digits, or as many as ``lo`` has).
+
+    Wider alternatives come first: outlines-core's DFA gives alternatives leftmost-first
+    priority, so at the end of a regex ``([0-9]|[1-9][0-9])`` would stop after one digit.
+    """
     alts: list[str] = []
     width = len(str(lo))
+    cap = len(str(digits_limit(lo))) - 1
     top = hi if hi is not None else 10 ** width - 1
     while lo <= top:
         end = min(top, 10 ** width - 1)
         alts += _digits_range(str(lo), str(end))
         lo, width = 10 ** width, width + 1
-    if hi is None:
-        alts.append(f"[1-9][0-9]{{{width - 1},}}")
-    return "(" + "|".join(alts) + ")"
+    if hi is None and width <= cap:
+        alts.append(f"[1-9][0-9]{{{width - 1},{cap - 1}}}")
+    return "(" + "|".join(reversed(alts)) + ")"
 
 
 def integer_range_regex(lo: Optional[int], hi: Optional[int]) -> str:
-    """Regex for the JSON integers in [lo, hi] (None = unbounded on that side; no "-0").
+    """Regex for the JSON integers in [lo, hi] (no "-0"); a None side is bounded by
+    ``digits_limit`` of the other side (at most 16 digits).
 
     Raises:
         GrammarError: the range is empty.
@@ -146,18 +214,20 @@ def integer_range_regex(lo: Optional[int], hi: Optional[int]) -> str:
 
 
 def _magnitude_regex(lo: int, hi: Optional[int]) -> str:
-    """Unsigned decimals (optional fraction, no exponent) with value in [lo, hi], lo integer."""
-    frac = r"(\.[0-9]+)?"
+    """Unsigned decimals (fraction of at most ``MAX_FRACTION_DIGITS`` digits, no exponent) with
+    value in [lo, hi], lo integer; hi None: integer part as ``natural_range_regex``."""
+    frac = f"(\\.[0-9]{{1,{MAX_FRACTION_DIGITS}}})?"
     if hi is None:
         return f"({natural_range_regex(lo, None)}{frac})"
-    alts = [f"{hi}(\\.0+)?"]
+    alts = [f"{hi}(\\.0{{1,{MAX_FRACTION_DIGITS}}})?"]  # first: the widest (see natural_range_regex)
     if hi > lo:
-        alts.insert(0, f"{natural_range_regex(lo, hi - 1)}{frac}")
+        alts.append(f"{natural_range_regex(lo, hi - 1)}{frac}")
     return "(" + "|".join(alts) + ")"
 
 
 def number_range_regex(lo: Optional[int], hi: Optional[int]) -> str:
-    """Regex for JSON numbers in [lo, hi] with integer bounds (no exponent).
+    """Regex for JSON numbers in [lo, hi] with integer bounds (no exponent, at most
+    ``MAX_FRACTION_DIGITS`` fraction digits); a None side as in ``integer_range_regex``.
 
     Raises:
         GrammarError: the range is empty.
@@ -203,6 +273,8 @@ def prepare_outlines_schema(text: str) -> tuple[str, dict[str, str]]:
 
     The placeholder is the regex outlines emits for ``{"const": "<placeholder>"}``, i.e. the
     quoted placeholder; replace it in the built regex with the paired bounded-number regex.
+    Every ``type: integer|number`` schema without ``enum``/``const`` goes this way, bounded or not
+    (an open side is capped at 16 digits, see ``integer_range_regex``).
 
     Raises:
         GrammarError: a keyword outlines-core would silently ignore, or unsupported bounds.
@@ -217,10 +289,11 @@ def prepare_outlines_schema(text: str) -> tuple[str, dict[str, str]]:
             if key in node and (neutral is None or node[key] != neutral):
                 raise GrammarError(f"JSON schema keyword {key!r} is not supported by the outlines "
                                    "backend; use --grammar-backend xgrammar")
-        if not any(k in node for k in _BOUNDS):
-            return node
         kind = node.get("type")
-        if kind not in ("integer", "number"):
+        numeric = kind in _NUMERIC_TYPES and "enum" not in node and "const" not in node
+        if not numeric and not any(k in node for k in _BOUNDS):
+            return node
+        if kind not in _NUMERIC_TYPES:
             raise GrammarError("the outlines backend supports numeric bounds only on a schema of "
                                f"type integer or number, got type {kind!r}")
         lo, hi = _numeric_bounds(node, integer=kind == "integer")

@@ -4,7 +4,8 @@ Tokenizer info is built once per backend from the HF tokenizer (``TokenizerInfo.
 detects byte-level BPE vs SentencePiece byte fallback), padded to the model's logits width; special
 tokens other than the stop tokens are blanked so a grammar never emits them as text. JSON schemas
 pass through ``schema_rewrite.patch_xgrammar_schema`` (length-bounded strings could otherwise emit
-raw control characters, upstream xgrammar#800).
+raw control characters, upstream xgrammar#800; unbounded numbers get bounds). ``json_object`` is
+``schema_rewrite.ANY_OBJECT_SCHEMA`` (any JSON object, numbers bounded) through the same patch.
 """
 
 from __future__ import annotations
@@ -14,14 +15,14 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from radixlm.constrained.base import CompiledGrammar, GrammarBackend, GrammarMatcher
-from radixlm.constrained.schema_rewrite import patch_xgrammar_schema
+from radixlm.constrained.schema_rewrite import ANY_OBJECT_SCHEMA, patch_xgrammar_schema
 from radixlm.constrained.spec import GrammarError, GrammarSpec
 from radixlm.constrained.vocab import special_token_ids
 
 if TYPE_CHECKING:
     import torch
 
-_ANY_OBJECT_SCHEMA = '{"type": "object"}'
+_ANY_OBJECT_SCHEMA = patch_xgrammar_schema(json.dumps(ANY_OBJECT_SCHEMA))
 
 
 class XGrammarMatcher(GrammarMatcher):

@@ -1,5 +1,6 @@
-"""Schema rewrites: integer/number range regexes (exhaustive), the xgrammar string patch, and the
-outlines placeholder splice; plus ``import radixlm.constrained`` staying light."""
+"""Schema rewrites: integer/number range regexes (exhaustive), the xgrammar string patch, the
+number bounds, and the outlines placeholder splice; plus ``import radixlm.constrained`` staying
+light."""
 
 from __future__ import annotations
 
@@ -14,6 +15,9 @@ import pytest
 
 from radixlm.constrained import GrammarError
 from radixlm.constrained.schema_rewrite import (
+    ANY_OBJECT_SCHEMA,
+    bound_number,
+    digits_limit,
     integer_range_regex,
     number_range_regex,
     patch_xgrammar_schema,
@@ -66,6 +70,88 @@ def test_xgrammar_patch_only_touches_bounded_strings() -> None:
     assert patch_xgrammar_schema("INVALID") == "INVALID"
     plain = '{"type": "string"}'
     assert patch_xgrammar_schema(plain) is plain
+
+
+LIMIT = 10 ** 16
+
+
+@pytest.mark.parametrize("node,added", [
+    ({"type": "integer"}, {"exclusiveMinimum": -LIMIT, "exclusiveMaximum": LIMIT}),
+    ({"type": "number"}, {"exclusiveMinimum": -LIMIT, "exclusiveMaximum": LIMIT}),
+    ({"type": "integer", "minimum": 1}, {"exclusiveMaximum": LIMIT}),
+    ({"type": "number", "exclusiveMinimum": -2.5}, {"exclusiveMaximum": LIMIT}),
+    ({"type": "integer", "maximum": -3}, {"exclusiveMinimum": -LIMIT}),
+    ({"type": "number", "maximum": 7.5}, {"exclusiveMinimum": -LIMIT}),
+    # A one-sided bound with more digits keeps its digit count on the open side.
+    ({"type": "integer", "minimum": 10 ** 20}, {"exclusiveMaximum": 10 ** 21}),
+    ({"type": "integer", "maximum": -(10 ** 20)}, {"exclusiveMinimum": -(10 ** 21)}),
+    ({"type": "integer", "minimum": -(10 ** 20)}, {"exclusiveMaximum": LIMIT}),
+])
+def test_bound_number_fills_the_open_sides(node: dict[str, Any], added: dict[str, Any]) -> None:
+    assert bound_number(node) == {**node, **added}
+
+
+@pytest.mark.parametrize("node", [
+    {"type": "integer", "minimum": 0, "maximum": 5},
+    {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+    {"type": "integer", "enum": [1, 2]},
+    {"type": "number", "const": 3},
+    {"type": ["integer", "null"]},
+    {"type": "number", "minimum": 0, "exclusiveMinimum": True},  # draft 4: left to the backend
+    {"type": "string"},
+])
+def test_bound_number_leaves_bounded_and_other_schemas(node: dict[str, Any]) -> None:
+    assert bound_number(node) == node
+
+
+def test_xgrammar_patch_bounds_numbers_everywhere() -> None:
+    schema: dict[str, Any] = {
+        "$defs": {"n": {"type": "number"}},
+        "type": "object",
+        "properties": {"a": {"type": "integer"}, "b": {"$ref": "#/$defs/n"},
+                       "c": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+                       "d": {"anyOf": [{"type": "number"}, {"type": "string"}]},
+                       "e": {"type": "integer", "minimum": 0, "maximum": 9}},
+    }
+    patched = json.loads(patch_xgrammar_schema(json.dumps(schema)))
+    both = {"exclusiveMinimum": -LIMIT, "exclusiveMaximum": LIMIT}
+    assert patched["$defs"]["n"] == {"type": "number", **both}
+    props = patched["properties"]
+    assert props["a"] == {"type": "integer", **both}
+    assert props["b"] == {"$ref": "#/$defs/n"}
+    assert props["c"]["items"] == {"type": "integer", "minimum": 0, "exclusiveMaximum": LIMIT}
+    assert props["d"]["anyOf"] == [{"type": "number", **both}, {"type": "string"}]
+    assert props["e"] == schema["properties"]["e"]
+    any_object = json.loads(patch_xgrammar_schema(json.dumps(ANY_OBJECT_SCHEMA)))
+    assert {"type": "number", **both} in any_object["$defs"]["value"]["anyOf"]
+
+
+def test_open_range_regexes_cap_digits() -> None:
+    assert digits_limit(0) == LIMIT and digits_limit(-123.5) == LIMIT
+    assert digits_limit(10 ** 17) == 10 ** 18
+    integer = re.compile(integer_range_regex(None, None))
+    number = re.compile(number_range_regex(None, None))
+    for rx in (integer, number):
+        assert rx.fullmatch("9" * 16) and rx.fullmatch("-" + "9" * 16) and rx.fullmatch("0")
+        assert not rx.fullmatch("1" + "0" * 16) and not rx.fullmatch("-" + "1" * 17)
+    assert number.fullmatch("-12.123456") and not number.fullmatch("12.1234567")
+    assert not number.fullmatch("1e5") and not integer.fullmatch("1.5")
+    assert re.fullmatch(integer_range_regex(3, None), "9" * 16)
+    assert not re.fullmatch(integer_range_regex(3, None), "1" * 17)
+    wide = re.compile(integer_range_regex(10 ** 20, None))
+    assert wide.fullmatch("9" * 21) and not wide.fullmatch("1" * 22)
+    bounded = re.compile(number_range_regex(0, 1))  # bounded numbers: fraction capped too
+    assert bounded.fullmatch("0.333333") and not bounded.fullmatch("0.3333333")
+    assert bounded.fullmatch("1.000000") and not bounded.fullmatch("1.0000000")
+
+
+def test_outlines_unbounded_numbers_become_placeholders() -> None:
+    schema = {"type": "object", "properties": {"i": {"type": "integer"}, "n": {"type": "number"},
+                                               "e": {"type": "integer", "enum": [1, 2]}}}
+    text, splices = prepare_outlines_schema(json.dumps(schema))
+    props = json.loads(text)["properties"]
+    assert set(splices.values()) == {integer_range_regex(None, None), number_range_regex(None, None)}
+    assert props["e"] == schema["properties"]["e"] and "const" in props["i"] and "const" in props["n"]
 
 
 def test_outlines_placeholders_splice_into_the_regex() -> None:
