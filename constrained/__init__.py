@@ -10,6 +10,10 @@ Pieces (see ``shared/DESIGN.md`` section 5):
 * ``allocate_bitmask`` / ``fill_batch_bitmask``: the packed int32 ``(bs, ceil(V/32))`` mask applied
   by ``radixlm.kernels.sampling.apply_vocab_mask``.
 
+JSON output closes in time (``closing``): a string after 256 characters, the whole document when
+the request's remaining ``max_new_tokens`` reach the grammar's closing reserve; numbers the schema
+leaves unbounded get at most 16 integer and 6 fraction digits (``schema_rewrite``).
+
 JSON whitespace: compact by default (xgrammar ``", "``/``": "`` separators; outlines at most one
 space between JSON tokens) so output can't run away in whitespace; ``any_whitespace=True`` lets
 the model choose any whitespace.
@@ -77,15 +81,20 @@ def create_grammar_backend(name: str, tokenizer: Any, vocab_size: int,
     raise ValueError(f"unknown grammar backend {name!r}; expected one of {GRAMMAR_BACKENDS}")
 
 
-def fill_batch_bitmask(matchers: Sequence[Optional[GrammarMatcher]],
-                       vocab_size: int) -> Optional["torch.Tensor"]:
+def fill_batch_bitmask(matchers: Sequence[Optional[GrammarMatcher]], vocab_size: int,
+                       tokens_left: Optional[Sequence[Optional[int]]] = None
+                       ) -> Optional["torch.Tensor"]:
     """One step's mask for a batch: None when no row is constrained, else a CPU int32
     ``(len(matchers), ceil(vocab_size/32))`` bitmask whose row i is filled by ``matchers[i]`` and
-    left all-ones (unconstrained) where ``matchers[i]`` is None."""
+    left all-ones (unconstrained) where ``matchers[i]`` is None.
+
+    ``tokens_left[i]``: output tokens row i may still produce, this one included (None or absent:
+    no budget); a JSON grammar closes its output when that runs low (``GrammarMatcher.fill_bitmask``).
+    """
     if all(m is None for m in matchers):
         return None
     bitmask = allocate_bitmask(len(matchers), vocab_size)
     for row, matcher in enumerate(matchers):
         if matcher is not None:
-            matcher.fill_bitmask(bitmask, row)
+            matcher.fill_bitmask(bitmask, row, None if tokens_left is None else tokens_left[row])
     return bitmask

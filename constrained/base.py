@@ -8,7 +8,9 @@ Matchers fill rows of a *CPU*, contiguous bitmask; move it to the logits' device
 Matcher life cycle per request: ``new_matcher`` -> per step ``fill_bitmask`` (before sampling) and
 ``accept_token`` (after) -> ``is_terminated()`` once a stop token was accepted. Once the output is a
 complete match (``is_completed()``), the stop tokens are allowed; once terminated, *only* the stop
-tokens are (the row is filled with them alone), so the request cannot run on.
+tokens are (the row is filled with them alone), so the request cannot run on. JSON grammars also
+close in time (``closing``): ``fill_bitmask(..., tokens_left=n)`` narrows the row to closing tokens
+when a string runs long or the budget runs low.
 
 torch is imported lazily so ``import radixlm.constrained`` stays light.
 """
@@ -21,10 +23,21 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
+from radixlm.constrained.closing import (
+    CLOSE_MARGIN,
+    MAX_STRING_CHARS,
+    ClosingVocab,
+    JsonLexer,
+    LexState,
+    closing_path,
+    closing_path_length,
+)
 from radixlm.constrained.spec import GrammarError, GrammarSpec
 
 if TYPE_CHECKING:
     import torch
+
+JSON_KINDS = ("json_schema", "json_object")  # the grammar kinds that close in time
 
 # xgrammar/TVM messages start with "[10:22:57] /project/cpp/file.cc:94: " and sometimes a failed
 # CHECK's text; the caller wants only the human part.
@@ -102,12 +115,15 @@ class CompiledGrammar:
     """A compiled grammar, shareable by any number of matchers (read-only after compile).
 
     ``handle`` is the backend's object (xgrammar ``CompiledGrammar`` / outlines-core ``Index``).
+    ``closing_tokens``: the closing path's length from the start (``closing.closing_path_length``;
+    0 for grammars that do not close in time).
     """
 
     spec: GrammarSpec
     backend: str
     handle: Any
     compile_seconds: float = 0.0
+    closing_tokens: int = 0
 
 
 class GrammarMatcher(ABC):
@@ -123,6 +139,10 @@ class GrammarMatcher(ABC):
         self._stop_set = frozenset(self.stop_token_ids)
         self.num_accepted = 0  # tokens accepted (and not rolled back), the stop token included
         self._stop_row: Optional["torch.Tensor"] = None
+        self._closing: Optional[ClosingVocab] = None  # set by enable_closing (JSON grammars)
+        self._lexer: Optional[JsonLexer] = None
+        self.close_reserve = 0  # tokens left at which the whole document starts closing
+        self._plan: list[int] = []  # the closing path from the current state (when known)
 
     # -- public API ------------------------------------------------------------------------------
     def accept_token(self, token_id: int) -> bool:
@@ -133,14 +153,26 @@ class GrammarMatcher(ABC):
         if not self._accept(int(token_id)):
             return False
         self.num_accepted += 1
+        if self._lexer is not None and self._closing is not None:
+            self._lexer.push(self._closing.table[token_id])
+            if self._plan and self._plan[0] == token_id:
+                self._plan.pop(0)  # still the closing path from the new state
+            else:
+                self._plan = []
         return True
 
-    def fill_bitmask(self, bitmask: "torch.Tensor", row: int) -> None:
+    def fill_bitmask(self, bitmask: "torch.Tensor", row: int,
+                     tokens_left: Optional[int] = None) -> None:
         """Write the allowed next tokens into ``bitmask[row]``; other rows are untouched.
 
         Args:
             bitmask: int32 CPU contiguous ``(batch, ceil(vocab_size/32))`` (``allocate_bitmask``).
             row: the request's row in the batch.
+            tokens_left: output tokens the request may still produce, this one included (None:
+                no budget). With closing enabled, the row is narrowed to closing tokens once
+                ``tokens_left <= close_reserve + depth`` (where it allows none: to the closing
+                path's next token) or a string reached ``closing.MAX_STRING_CHARS`` characters
+                (see ``closing``).
         Raises:
             ValueError: wrong bitmask shape/dtype/device or row out of range.
         """
@@ -151,6 +183,38 @@ class GrammarMatcher(ABC):
             bitmask[row].copy_(self._stop_row)
             return
         self._fill(bitmask, row)
+        if self._lexer is None or self._closing is None:
+            return
+        state = self._lexer.state
+        budget = tokens_left is not None and tokens_left <= self.close_reserve + state.depth
+        if not budget and not (state.in_string and state.chars >= MAX_STRING_CHARS):
+            return
+        if self._closing.narrow(bitmask, row, state) or not budget:
+            return
+        if not self._plan:
+            self._plan = closing_path(self.copy(), self._closing) or []
+        if self._plan:
+            allowed = bitmask[row, self._plan[0] // 32] >> (self._plan[0] % 32) & 1
+            if bool(allowed):  # always, unless the row was narrowed by something else
+                bitmask[row].copy_(token_ids_bitmask_row(self._plan[:1], self.vocab_size))
+
+    @property
+    def lex_state(self) -> Optional[LexState]:
+        """Where the JSON output stands (``closing.LexState``); None: closing not enabled."""
+        return None if self._lexer is None else self._lexer.state
+
+    def enable_closing(self, vocab: ClosingVocab, reserve: int) -> None:
+        """Close the output in time (``closing``); for JSON grammars, on a fresh matcher.
+
+        Args:
+            vocab: the backend's closing tokens and token bytes.
+            reserve: ``close_reserve``, in tokens (>= 0).
+        Raises:
+            ValueError: tokens were accepted already, or ``reserve`` < 0.
+        """
+        if self.num_accepted or reserve < 0:
+            raise ValueError("enable_closing needs a fresh matcher and a reserve >= 0")
+        self._closing, self._lexer, self.close_reserve = vocab, JsonLexer(), reserve
 
     def rollback(self, num_tokens: int) -> None:
         """Undo the last ``num_tokens`` accepted tokens (a stop token counts as one).
@@ -164,11 +228,26 @@ class GrammarMatcher(ABC):
         if num_tokens:
             self._rollback(num_tokens)
             self.num_accepted -= num_tokens
+            if self._lexer is not None:
+                self._lexer.pop(num_tokens)
+                self._plan = []
 
     def reset(self) -> None:
         """Back to the initial state (nothing accepted)."""
         self._reset()
         self.num_accepted = 0
+        if self._lexer is not None:
+            self._lexer.reset()
+            self._plan = []
+
+    def copy(self) -> "GrammarMatcher":
+        """An independent matcher in the same state (sharing the compiled grammar)."""
+        twin = self._copy()
+        twin.num_accepted = self.num_accepted
+        if self._lexer is not None:
+            twin._closing, twin._lexer = self._closing, self._lexer.copy()
+            twin.close_reserve, twin._plan = self.close_reserve, list(self._plan)
+        return twin
 
     def replay(self, token_ids: Iterable[int]) -> bool:
         """Reset, then accept ``token_ids`` in order (rebuild after a state loss).
@@ -186,11 +265,11 @@ class GrammarMatcher(ABC):
     def is_completed(self) -> bool:
         """True when the output so far fully matches (stop tokens are allowed now)."""
 
-    @abstractmethod
-    def copy(self) -> "GrammarMatcher":
-        """An independent matcher in the same state (sharing the compiled grammar)."""
-
     # -- backend hooks ---------------------------------------------------------------------------
+    @abstractmethod
+    def _copy(self) -> "GrammarMatcher":
+        """A matcher in the same backend state (the base class copies its own state over)."""
+
     @abstractmethod
     def _accept(self, token_id: int) -> bool: ...
 
@@ -212,9 +291,11 @@ class GrammarBackend(ABC):
         vocab_size: the model's logits width V (bitmask width basis; may exceed the tokenizer's).
         eos_token_ids: stop tokens allowed when a grammar is complete.
         any_whitespace: JSON may use flexible whitespace (default False: compact separators).
+        closing_vocab: set by a backend whose JSON matchers close in time (``closing``).
     """
 
     name: str = "base"
+    closing_vocab: Optional[ClosingVocab] = None
 
     def __init__(self, vocab_size: int, eos_token_ids: Sequence[int], any_whitespace: bool = False):
         if vocab_size < 1:
@@ -234,6 +315,7 @@ class GrammarBackend(ABC):
         Raises:
             GrammarError: invalid or unsupported grammar, with the compiler's message.
         """
+        import dataclasses
         import time
 
         start = time.perf_counter()
@@ -243,17 +325,28 @@ class GrammarBackend(ABC):
             raise
         except Exception as exc:  # the libraries raise RuntimeError/ValueError/TypeError
             raise GrammarError(compiler_message(exc)) from exc
-        return CompiledGrammar(spec, self.name, handle, time.perf_counter() - start)
+        compiled = CompiledGrammar(spec, self.name, handle)
+        closing = 0
+        if self.closing_vocab is not None and spec.kind in JSON_KINDS:
+            probe = self._new_matcher(compiled)
+            probe.enable_closing(self.closing_vocab, 0)
+            closing = closing_path_length(probe, self.closing_vocab)
+        return dataclasses.replace(compiled, compile_seconds=time.perf_counter() - start,
+                                   closing_tokens=closing)
 
     def new_matcher(self, compiled: CompiledGrammar) -> GrammarMatcher:
-        """A fresh matcher (initial state) over ``compiled``.
+        """A fresh matcher (initial state) over ``compiled``; a JSON grammar's closes in time
+        with ``close_reserve = compiled.closing_tokens + closing.CLOSE_MARGIN``.
 
         Raises:
             ValueError: ``compiled`` came from another backend.
         """
         if compiled.backend != self.name:
             raise ValueError(f"grammar compiled by {compiled.backend!r}, not {self.name!r}")
-        return self._new_matcher(compiled)
+        matcher = self._new_matcher(compiled)
+        if self.closing_vocab is not None and compiled.spec.kind in JSON_KINDS:
+            matcher.enable_closing(self.closing_vocab, compiled.closing_tokens + CLOSE_MARGIN)
+        return matcher
 
     def clear_cache(self) -> None:
         """Drop any library-side compile cache (``/flush_cache``)."""

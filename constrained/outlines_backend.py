@@ -29,6 +29,7 @@ from radixlm.constrained.base import (
     GrammarMatcher,
     token_ids_bitmask_row,
 )
+from radixlm.constrained.closing import ClosingVocab
 from radixlm.constrained.schema_rewrite import (
     number_range_regex,
     prepare_outlines_schema,
@@ -84,11 +85,10 @@ class OutlinesMatcher(GrammarMatcher):
     def is_completed(self) -> bool:
         return bool(self._guide.is_finished())
 
-    def copy(self) -> "OutlinesMatcher":
+    def _copy(self) -> "OutlinesMatcher":
         twin = OutlinesMatcher(copy.deepcopy(self._guide), self.vocab_size, self.stop_token_ids,
                                self.max_rollback)
         twin._terminated = self._terminated
-        twin.num_accepted = self.num_accepted
         return twin
 
     def _accept(self, token_id: int) -> bool:
@@ -153,8 +153,10 @@ class OutlinesBackend(GrammarBackend):
         self.max_rollback = max_rollback
         self.whitespace_pattern = FLEXIBLE_WHITESPACE if any_whitespace else COMPACT_WHITESPACE
         stops = set(self.eos_token_ids)
+        table = token_bytes_table(tokenizer, vocab_size)
+        self.closing_vocab = ClosingVocab(table, self.eos_token_ids, vocab_size)
         by_bytes: dict[bytes, list[int]] = {}
-        for tid, raw in enumerate(token_bytes_table(tokenizer, vocab_size)):
+        for tid, raw in enumerate(table):
             if raw and tid not in stops:
                 by_bytes.setdefault(raw, []).append(tid)
         if not by_bytes:

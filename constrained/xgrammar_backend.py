@@ -15,9 +15,10 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from radixlm.constrained.base import CompiledGrammar, GrammarBackend, GrammarMatcher
+from radixlm.constrained.closing import ClosingVocab
 from radixlm.constrained.schema_rewrite import ANY_OBJECT_SCHEMA, patch_xgrammar_schema
 from radixlm.constrained.spec import GrammarError, GrammarSpec
-from radixlm.constrained.vocab import special_token_ids
+from radixlm.constrained.vocab import special_token_ids, token_bytes_table
 
 if TYPE_CHECKING:
     import torch
@@ -38,10 +39,8 @@ class XGrammarMatcher(GrammarMatcher):
     def is_completed(self) -> bool:
         return bool(self._m.is_completed())
 
-    def copy(self) -> "XGrammarMatcher":
-        twin = XGrammarMatcher(self._m.fork(), self.vocab_size, self.stop_token_ids)
-        twin.num_accepted = self.num_accepted
-        return twin
+    def _copy(self) -> "XGrammarMatcher":
+        return XGrammarMatcher(self._m.fork(), self.vocab_size, self.stop_token_ids)
 
     def _accept(self, token_id: int) -> bool:
         return bool(self._m.accept_token(token_id))
@@ -78,6 +77,8 @@ class XGrammarBackend(GrammarBackend):
         self._xgr = xgrammar
         self.tokenizer_info = self._tokenizer_info(tokenizer)
         self._compiler = xgrammar.GrammarCompiler(self.tokenizer_info, max_threads=max_threads)
+        self.closing_vocab = ClosingVocab(token_bytes_table(tokenizer, vocab_size),
+                                          self.eos_token_ids, vocab_size)
 
     def _tokenizer_info(self, tokenizer: Any) -> Any:
         xgr = self._xgr

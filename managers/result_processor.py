@@ -37,8 +37,10 @@ class ResultProcessor:
         mask = None
         if any(r.grammar is not None for r in reqs):
             samples = [r.num_cached + r.extend_len == r.seq_len for r in reqs]
+            # Tokens left, this one included: a JSON grammar closes its output before the limit.
+            left = [r.max_new_tokens - len(r.output_ids) for r in reqs]
             mask = fill_batch_bitmask([r.grammar if r.grammar is not None and s else None
-                                       for r, s in zip(reqs, samples)], vocab_size)
+                                       for r, s in zip(reqs, samples)], vocab_size, left)
         return info, mask
 
     def process(self, reqs: list[Req], mwb: ModelWorkerBatch, out: WorkerOutput) -> list[Req]:

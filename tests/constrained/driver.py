@@ -3,8 +3,9 @@
 Logits are seeded random noise plus a per-token bias that favours short tokens, tokens that close
 something (``"``, ``}``, ``]``, ``)``, ``,``) and EOS, so constrained outputs stay short and
 finish fast.
-Each step: fill the row's bitmask -> mask the logits -> greedy argmax or a seeded sample ->
-``accept_token``; stop when the matcher is terminated (a stop token was accepted).
+Each step: fill the row's bitmask (with the tokens left when a budget is given, as the scheduler
+does) -> mask the logits -> greedy argmax or a seeded sample -> ``accept_token``; stop when the
+matcher is terminated (a stop token was accepted).
 """
 
 from __future__ import annotations
@@ -59,19 +60,27 @@ class Generation:
 
 
 def generate(matcher: GrammarMatcher, vocab_size: int, bias: torch.Tensor, seed: int,
-             sample: bool = False, temperature: float = 0.6, max_steps: int = 256) -> Generation:
-    """Decode under ``matcher`` until terminated or ``max_steps``; every token must be accepted."""
+             sample: bool = False, temperature: float = 0.6, max_steps: int = 256,
+             budget: Optional[int] = None) -> Generation:
+    """Decode under ``matcher`` until terminated or ``max_steps``; every token must be accepted.
+
+    ``budget``: like ``max_new_tokens`` (at most that many steps, and the matcher is told the
+    tokens left each step, so a JSON grammar closes in time); None: no budget.
+    """
+    if budget is not None:
+        max_steps = min(max_steps, budget)
     with single_thread():
-        return _generate(matcher, vocab_size, bias, seed, sample, temperature, max_steps)
+        return _generate(matcher, vocab_size, bias, seed, sample, temperature, max_steps, budget)
 
 
 def _generate(matcher: GrammarMatcher, vocab_size: int, bias: torch.Tensor, seed: int,
-              sample: bool, temperature: float, max_steps: int) -> Generation:
+              sample: bool, temperature: float, max_steps: int,
+              budget: Optional[int]) -> Generation:
     gen = torch.Generator().manual_seed(seed)
     bitmask = allocate_bitmask(1, vocab_size)
     ids: list[int] = []
     for _ in range(max_steps):
-        matcher.fill_bitmask(bitmask, 0)
+        matcher.fill_bitmask(bitmask, 0, None if budget is None else budget - len(ids))
         logits = torch.randn(1, vocab_size, generator=gen) + bias
         # Same layout as kernels.sampling.apply_vocab_mask (checked in test_bitmask.py), faster.
         logits.masked_fill_(~bitmask_to_bool(bitmask, vocab_size), float("-inf"))
