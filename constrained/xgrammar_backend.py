@@ -11,6 +11,7 @@ raw control characters, upstream xgrammar#800; unbounded numbers get bounds). ``
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +20,8 @@ from radixlm.constrained.closing import ClosingVocab
 from radixlm.constrained.schema_rewrite import ANY_OBJECT_SCHEMA, patch_xgrammar_schema
 from radixlm.constrained.spec import GrammarError, GrammarSpec
 from radixlm.constrained.vocab import special_token_ids, token_bytes_table
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     import torch
@@ -77,8 +80,12 @@ class XGrammarBackend(GrammarBackend):
         self._xgr = xgrammar
         self.tokenizer_info = self._tokenizer_info(tokenizer)
         self._compiler = xgrammar.GrammarCompiler(self.tokenizer_info, max_threads=max_threads)
-        self.closing_vocab = ClosingVocab(token_bytes_table(tokenizer, vocab_size),
-                                          self.eos_token_ids, vocab_size)
+        try:
+            table = token_bytes_table(tokenizer, vocab_size)
+        except ValueError as e:  # a vocabulary whose bytes we cannot read: grammars still work
+            logger.warning("JSON closing disabled (%s): constrained JSON may be cut at max_new_tokens", e)
+        else:
+            self.closing_vocab = ClosingVocab(table, self.eos_token_ids, vocab_size)
 
     def _tokenizer_info(self, tokenizer: Any) -> Any:
         xgr = self._xgr
