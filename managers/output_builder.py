@@ -5,10 +5,7 @@ from __future__ import annotations
 from typing import Optional
 
 from radixlm.managers.io_struct import BatchTokenOut
-from radixlm.managers.schedule_batch import Req
-
-# Prompt ids given to the detokenizer as context for the first output token (vLLM/SGLang use ~5).
-DETOKENIZE_CONTEXT_TOKENS = 5
+from radixlm.managers.schedule_batch import DETOKENIZE_CONTEXT_TOKENS, Req
 
 
 def build_batch_output(reqs: list[Req], stats: dict[str, int]) -> Optional[BatchTokenOut]:

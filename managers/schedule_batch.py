@@ -18,8 +18,9 @@ from radixlm.srt.sampling_params import SamplingParams
 
 # Output tokens decoded for stop-regex search (a regex has no fixed length; SGLang bounds it too).
 STOP_REGEX_WINDOW_TOKENS = 64
-# Tokens decoded before a stop-string window so its first token reads as it does after them.
-STOP_CONTEXT_TOKENS = 5
+# Tokens decoded before an output window so its first token reads as it does after them (its
+# SentencePiece leading space, byte merges): the detokenizer's context and the stop check's (vLLM/SGLang ~5).
+DETOKENIZE_CONTEXT_TOKENS = 5
 
 
 class Req:
@@ -101,13 +102,13 @@ class Req:
         they read in context: the tokens just before the window (prompt tokens while the window
         reaches the output's start) are decoded with it and their text removed, so a first output
         token keeps its SentencePiece leading space exactly as the detokenizer shows it."""
-        n = len(self.output_ids)
-        start = max(n - size, 0)
-        fill = self.fill_ids
-        at = len(self.origin_input_ids) + start
-        ctx = fill[max(at - STOP_CONTEXT_TOKENS, 0):at]
+        k = DETOKENIZE_CONTEXT_TOKENS
+        start = max(len(self.output_ids) - size, 0)
+        window = self.output_ids[start:]
+        ctx = self.output_ids[max(start - k, 0):start]
+        if len(ctx) < k:  # the window reaches the output's start: the prompt's last ids lead it
+            ctx = self.origin_input_ids[max(len(self.origin_input_ids) - (k - len(ctx)), 0):] + ctx
         base = decode_text(ctx) if ctx else ""
-        window = fill[at:]
 
         def text(ids: list[int]) -> str:
             full = decode_text(ctx + ids)

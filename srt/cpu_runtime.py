@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass, field
 from typing import Optional
@@ -60,8 +61,9 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
+@functools.lru_cache(maxsize=4)
 def cpu_info(cpuinfo_path: str = "/proc/cpuinfo") -> CpuInfo:
-    """Read this machine's CPU model and relevant flags (never raises)."""
+    """This machine's CPU model and relevant flags, read once per process (never raises)."""
     try:
         with open(cpuinfo_path, encoding="utf-8", errors="replace") as f:
             model, flags = parse_cpuinfo(f.read())
@@ -92,15 +94,10 @@ def openmp_env(environ: Optional[dict[str, str]] = None) -> dict[str, str]:
 def cpu_threads(requested: Optional[int], tp_size: int, environ: Optional[dict[str, str]] = None,
                 cores: Optional[int] = None) -> int:
     """Intra-op threads of one scheduler rank: ``--cpu-threads`` if given, else ``OMP_NUM_THREADS``,
-    else the cores this process may use split evenly between the TP ranks (at least 1).
-
-    Raises:
-        ValueError: ``requested`` < 1.
-    """
+    else the cores this process may use split evenly between the TP ranks (at least 1). The range of
+    ``requested`` is checked by ``ServerArgs``."""
     environ = os.environ if environ is None else environ
     if requested is not None:
-        if requested < 1:
-            raise ValueError(f"--cpu-threads must be >= 1, got {requested}")
         return requested
     env = (environ.get("OMP_NUM_THREADS") or "").strip()
     if env.isdigit() and int(env) > 0:
