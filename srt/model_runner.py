@@ -14,6 +14,7 @@ import time
 import torch
 
 from radixlm.kernels.attention import create_attention_backend
+from radixlm.kernels.gemm import create_gemm_backend
 from radixlm.radix_cache import PagePool
 from radixlm.srt.distributed import all_reduce_min
 from radixlm.srt.forward_batch import ForwardBatch, ModelWorkerBatch
@@ -57,6 +58,11 @@ class ModelRunner:
             self.model = model_cls(cfg, tp, self.dtype)
         self.model.load_weights(iter_weights(model_config.model_path))
         self.model.eval()
+        self.gemm_backend = create_gemm_backend(server_args.gemm_backend, self.device, self.dtype)
+        for module in self.model.modules():
+            if hasattr(module, "process_weights_after_loading"):
+                module.process_weights_after_loading(self.gemm_backend)
+        logger.info("GEMM backend: %s (%s)", self.gemm_backend.name, self.dtype)
         attn = self.model.layers[0].self_attn
         self.num_kv_heads = attn.num_kv_heads
         self.attn_backend = create_attention_backend(

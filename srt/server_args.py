@@ -14,6 +14,7 @@ from typing import Any, Optional, get_type_hints
 
 SCHEDULE_POLICIES = ("lpm", "fcfs")
 ATTENTION_BACKENDS = ("auto", "torch_native", "flashinfer")
+GEMM_BACKENDS = ("auto", "torch_native", "onednn")
 GRAMMAR_BACKENDS = ("xgrammar", "outlines", "none")
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -56,6 +57,9 @@ class ServerArgs:
     schedule_conservativeness: float = field(default=1.0, metadata={"help": "scales the decode-memory reservation"})
     disable_radix_cache: bool = field(default=False, metadata={"help": "turn prefix caching off"})
     attention_backend: str = field(default="auto", metadata={"help": "auto|torch_native|flashinfer"})
+    gemm_backend: str = field(default="auto", metadata={"help": (
+        "linear layers: auto|torch_native|onednn; auto = onednn (weights prepacked once into oneDNN's "
+        "blocked layout) on a CPU where oneDNN supports the dtype, else torch_native (F.linear)")})
     grammar_backend: str = field(default="xgrammar", metadata={"help": "xgrammar|outlines|none"})
     grammar_compile_timeout: float = field(default=30.0, metadata={"help": "seconds a grammar may take to compile before its request ends with an error"})
     request_timeout: Optional[float] = field(default=None, metadata={"help": "seconds any request may take (from its arrival) before it is aborted, keeping its partial output; a request's own 'timeout' field can only lower it (default: no limit)"})
@@ -75,6 +79,7 @@ class ServerArgs:
 
         choice("schedule_policy", SCHEDULE_POLICIES)
         choice("attention_backend", ATTENTION_BACKENDS)
+        choice("gemm_backend", GEMM_BACKENDS)
         choice("grammar_backend", GRAMMAR_BACKENDS)
         choice("device", DEVICES)
         choice("dtype", DTYPES)

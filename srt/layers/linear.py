@@ -2,7 +2,9 @@
 
 Each layer holds only this rank's shard and knows how to load its shard from a full Hugging Face
 weight (``weight_loader(param, full_weight, shard_id)``). With ``tp.size == 1`` they are plain
-linears. Weights: (out_features_per_rank, in_features_per_rank).
+linears. Weights: (out_features_per_rank, in_features_per_rank). After loading,
+``process_weights_after_loading(gemm)`` hands each weight to a ``GemmBackend`` (``kernels/gemm``),
+which may replace it with a prepacked form; until then the layers multiply with ``F.linear``.
 """
 
 from __future__ import annotations
@@ -13,7 +15,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from radixlm.kernels.gemm.base import GemmBackend
+from radixlm.kernels.gemm.torch_native import TorchNativeGemm
 from radixlm.srt.layers.parallel_state import TpGroup
+
+_REFERENCE_GEMM = TorchNativeGemm()
 
 
 def _divide(a: int, b: int, what: str) -> int:
@@ -31,9 +37,13 @@ class ColumnParallelLinear(nn.Module):
         self.out_per_rank = _divide(out_features, tp.size, "output features")
         self.weight = nn.Parameter(torch.empty(self.out_per_rank, in_features, dtype=dtype), requires_grad=False)
         self.bias = nn.Parameter(torch.empty(self.out_per_rank, dtype=dtype), requires_grad=False) if bias else None
+        self.gemm: GemmBackend = _REFERENCE_GEMM
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return self.gemm.linear(x, self.weight, self.bias)
+
+    def process_weights_after_loading(self, gemm: GemmBackend) -> None:
+        _prepare(self, gemm)
 
     def load_shard(self, param: nn.Parameter, full: torch.Tensor, offset: int, size: int) -> None:
         """Copy rows [rank*size, (rank+1)*size) of ``full`` into ``param[offset:offset+size]``."""
@@ -93,10 +103,14 @@ class RowParallelLinear(nn.Module):
         self.in_per_rank = _divide(in_features, tp.size, "input features")
         self.weight = nn.Parameter(torch.empty(out_features, self.in_per_rank, dtype=dtype), requires_grad=False)
         self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype), requires_grad=False) if bias else None
+        self.gemm: GemmBackend = _REFERENCE_GEMM
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.tp.all_reduce(F.linear(x, self.weight))
+        y = self.tp.all_reduce(self.gemm.linear(x, self.weight))
         return y + self.bias if self.bias is not None else y
+
+    def process_weights_after_loading(self, gemm: GemmBackend) -> None:
+        _prepare(self, gemm)
 
     def weight_loader(self, param: nn.Parameter, full: torch.Tensor, shard_id: Optional[str] = None) -> None:
         if full.dim() == 1:  # bias: not sharded
@@ -133,6 +147,17 @@ class VocabParallelEmbedding(nn.Module):
 class ParallelLMHead(VocabParallelEmbedding):
     """Projects hidden states to vocabulary logits; shards all-gathered to (N, vocab_size)."""
 
+    gemm: GemmBackend = _REFERENCE_GEMM
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        out = self.tp.all_gather_last_dim(F.linear(hidden, self.weight))
+        out = self.tp.all_gather_last_dim(self.gemm.linear(hidden, self.weight))
         return out[..., :self.vocab_size]
+
+    def process_weights_after_loading(self, gemm: GemmBackend) -> None:
+        _prepare(self, gemm)
+
+
+def _prepare(layer: nn.Module, gemm: GemmBackend) -> None:
+    """Replace ``layer.weight`` by ``gemm``'s form of it and multiply with ``gemm`` from now on."""
+    layer.weight = nn.Parameter(gemm.prepare(layer.weight.data), requires_grad=False)
+    layer.gemm = gemm

@@ -50,6 +50,7 @@ VARIANTS = {
     "chunk_off": {"chunked_prefill_size": -1},
     "fcfs_page4_chunk8": {"schedule_policy": "fcfs", "page_size": 4, "chunked_prefill_size": 8},
     "no_radix_chunk8_page16": {"disable_radix_cache": True, "chunked_prefill_size": 8, "page_size": 16},
+    "gemm_torch_native": {"gemm_backend": "torch_native"},  # the default is onednn's prepacked weights
 }
 
 

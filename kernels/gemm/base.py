@@ -1,0 +1,29 @@
+"""GEMM backend interface: how a linear layer's weight is stored and multiplied.
+
+A backend turns a loaded dense weight (out_features, in_features) into the form its kernel reads
+(``prepare``, once after loading, like vLLM's ``process_weights_after_loading``) and computes
+y = x W^T + b with it (``linear``). Kernels per device sit side by side behind this interface; the
+torch_native backend (``torch.nn.functional.linear`` on the dense weight) is the reference.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Optional
+
+import torch
+
+
+class GemmBackend(abc.ABC):
+    name = ""
+
+    @abc.abstractmethod
+    def prepare(self, weight: torch.Tensor) -> torch.Tensor:
+        """The weight as this backend stores it, from a dense (out, in) tensor. The result keeps the
+        logical shape and dtype (``numel``/``element_size`` still give the weight's size) and replaces
+        the dense tensor, so the weight is held once."""
+
+    @abc.abstractmethod
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """y = x W^T + b. x (..., in) in the weight's dtype; weight from ``prepare``; bias (out,) or
+        None. Returns (..., out)."""
