@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, get_type_hints
 
 SCHEDULE_POLICIES = ("lpm", "fcfs")
-ATTENTION_BACKENDS = ("auto", "torch_native", "flashinfer")
+ATTENTION_BACKENDS = ("auto", "torch_native", "cpu", "flashinfer")
 GEMM_BACKENDS = ("auto", "torch_native", "onednn")
 GRAMMAR_BACKENDS = ("xgrammar", "outlines", "none")
 DEVICES = ("auto", "cpu", "cuda")
@@ -56,7 +56,9 @@ class ServerArgs:
     schedule_policy: str = field(default="lpm", metadata={"help": "lpm (longest prefix match) | fcfs"})
     schedule_conservativeness: float = field(default=1.0, metadata={"help": "scales the decode-memory reservation"})
     disable_radix_cache: bool = field(default=False, metadata={"help": "turn prefix caching off"})
-    attention_backend: str = field(default="auto", metadata={"help": "auto|torch_native|flashinfer"})
+    attention_backend: str = field(default="auto", metadata={"help": (
+        "auto|torch_native|cpu|flashinfer; auto = flashinfer on CUDA when installed, cpu (C++ decode kernel, "
+        "compiled on first use) on CPU when it builds, else torch_native")})
     gemm_backend: str = field(default="auto", metadata={"help": (
         "linear layers: auto|torch_native|onednn; auto = onednn (weights prepacked once into oneDNN's "
         "blocked layout) on a CPU where oneDNN supports the dtype, else torch_native (F.linear)")})

@@ -19,3 +19,18 @@ def test_every_subpackage_is_listed():
             rel = init.parent.relative_to(REPO / folder)
             expected.add(".".join([pkg, *rel.parts]) if rel.parts else pkg)
     assert expected - listed == set(), f"missing from [tool.setuptools] packages: {sorted(expected - listed)}"
+
+
+def test_kernel_sources_ship_as_package_data():
+    """The C++ CPU kernels are compiled on first use from the installed sources: a wheel must carry them."""
+    import fnmatch
+
+    from radixlm.kernels.cpu_extension import SOURCES
+
+    cfg = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    patterns = cfg["package-data"]["radixlm.kernels"]
+    kernels = REPO / cfg["package-dir"]["radixlm.kernels"]
+    for src in SOURCES:
+        assert src.exists()
+        assert any(fnmatch.fnmatch(str(src.relative_to(kernels)), p) for p in patterns), src
+    assert {p.name for p in kernels.rglob("*.cpp")} == {s.name for s in SOURCES}

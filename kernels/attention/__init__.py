@@ -2,18 +2,30 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 
 def create_attention_backend(name: str, device: str, dtype: Any = None, **kwargs: Any):
     """Return an ``AttentionBackend``. ``auto`` picks flashinfer on CUDA when it is installed and
-    supports the head size and dtype, else torch_native.
+    supports the head size and dtype; on CPU the C++ decode kernel (``cpu``) when it builds here,
+    else torch_native (with a warning saying why).
 
     Raises:
         ValueError: an unknown name, or flashinfer asked for where it cannot run.
     """
     if name == "auto":
         name = "torch_native"
+        if device == "cpu":
+            from radixlm.kernels.cpu_extension import cpu_kernels_error
+
+            error = cpu_kernels_error()
+            if error is None:
+                name = "cpu"
+            else:
+                logger.warning("%s; attention falls back to the torch_native backend", error)
         if device.startswith("cuda"):
             try:
                 import flashinfer  # noqa: F401
@@ -28,6 +40,12 @@ def create_attention_backend(name: str, device: str, dtype: Any = None, **kwargs
         from radixlm.kernels.attention.torch_native import TorchNativeAttnBackend
 
         return TorchNativeAttnBackend(**kwargs)
+    if name == "cpu":
+        if device != "cpu":
+            raise ValueError("the cpu attention backend needs --device cpu")
+        from radixlm.kernels.attention.cpu_backend import CpuAttnBackend
+
+        return CpuAttnBackend(**kwargs)
     if name == "flashinfer":
         if not device.startswith("cuda"):
             raise ValueError("the flashinfer attention backend needs --device cuda")

@@ -51,6 +51,7 @@ VARIANTS = {
     "fcfs_page4_chunk8": {"schedule_policy": "fcfs", "page_size": 4, "chunked_prefill_size": 8},
     "no_radix_chunk8_page16": {"disable_radix_cache": True, "chunked_prefill_size": 8, "page_size": 16},
     "gemm_torch_native": {"gemm_backend": "torch_native"},  # the default is onednn's prepacked weights
+    "attn_torch_native_page16": {"attention_backend": "torch_native", "page_size": 16},  # default: cpu (C++ decode)
 }
 
 

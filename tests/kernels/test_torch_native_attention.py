@@ -17,8 +17,9 @@ from tests.kernels.paged_batches import cache_prompt, finish_step, make_setup, m
 H, KVH, D = 6, 2, 16
 
 
-def reference(setup, batch, q, layer=0):
+def reference(setup, batch, q, layer=0, heads=H, kv_heads=KVH, d=D):
     """Per request, dense causal attention over its slots in float64 (after the backend stored K/V)."""
+    H, KVH, D = heads, kv_heads, d  # noqa: N806
     k_buf, v_buf = (b.double() for b in setup.kv_pool.get_kv(layer))  # (KVH, slots, D)
     table = setup.req_to_token_pool.req_to_token
     outs, start = [], 0

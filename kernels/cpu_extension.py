@@ -1,0 +1,77 @@
+"""radixlm's C++ CPU kernels (``kernels/attention/cpu/*.cpp``), compiled on first use.
+
+The sources are built with ``torch.utils.cpp_extension.load`` (ninja + the system C++ compiler)
+into ``$RADIXLM_KERNEL_CACHE`` (default ``~/.cache/radixlm/kernels``), in a folder per torch
+version and CPU capability, and registered as ``torch.ops.radixlm_cpu.*``. The first build takes
+~20 s on 2 cores; later processes load the cached library (torch rebuilds it when a source changes;
+its file lock makes concurrent first builds, e.g. of several TP ranks, safe).
+
+The vector width follows torch's own dispatch (``torch.backends.cpu.get_cpu_capability()``):
+AVX-512 or AVX2 via ATen's ``at::vec`` (the ``CPU_CAPABILITY_*`` macros), else scalar code.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from pathlib import Path
+from typing import Optional
+
+logger = logging.getLogger(__name__)
+
+SOURCES = [Path(__file__).parent / "attention" / "cpu" / "paged_attention.cpp"]
+_CAPABILITY_FLAGS = {
+    "AVX512": ["-DCPU_CAPABILITY=AVX512", "-DCPU_CAPABILITY_AVX512", "-mavx512f", "-mavx512bw", "-mavx512vl",
+               "-mavx512dq", "-mfma", "-mf16c"],
+    "AVX2": ["-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2", "-mavx2", "-mfma", "-mf16c"],
+}
+
+
+class CpuKernelsUnavailable(RuntimeError):
+    """The C++ CPU kernels could not be built or loaded here (the message says why)."""
+
+
+def _capability() -> str:
+    import torch
+
+    cap = torch.backends.cpu.get_cpu_capability()
+    if cap.startswith("AVX512"):
+        return "AVX512"
+    return cap if cap in _CAPABILITY_FLAGS else "DEFAULT"
+
+
+@functools.lru_cache(maxsize=None)
+def load_cpu_kernels() -> None:
+    """Build (once per machine) and load the kernels into ``torch.ops.radixlm_cpu``.
+
+    Raises:
+        CpuKernelsUnavailable: no C++ compiler or ninja, or the build failed; the error is cached, so
+            a process tries once.
+    """
+    import torch
+    from torch.utils import cpp_extension
+
+    cap = _capability()
+    cache = Path(os.environ.get("RADIXLM_KERNEL_CACHE") or Path.home() / ".cache" / "radixlm" / "kernels")
+    build_dir = cache / f"torch{torch.__version__.split('+')[0]}-{cap.lower()}"
+    try:
+        build_dir.mkdir(parents=True, exist_ok=True)
+        cpp_extension.load(name=f"radixlm_cpu_{cap.lower()}", sources=[str(s) for s in SOURCES],
+                           extra_cflags=["-O3", "-fno-math-errno", *_CAPABILITY_FLAGS.get(cap, [])],
+                           build_directory=str(build_dir), is_python_module=False, verbose=False)
+    except Exception as e:  # compiler missing, ninja missing, build error
+        raise CpuKernelsUnavailable(f"building radixlm's C++ CPU kernels in {build_dir} failed: {e}") from e
+    if not hasattr(torch.ops.radixlm_cpu, "paged_attention"):
+        raise CpuKernelsUnavailable("the radixlm_cpu library loaded without its paged_attention op")
+    logger.info("C++ CPU kernels loaded (%s, %s)", cap, build_dir)
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_kernels_error() -> Optional[str]:
+    """None when ``load_cpu_kernels`` succeeds (building on the first call), else why it failed."""
+    try:
+        load_cpu_kernels()
+    except CpuKernelsUnavailable as e:
+        return str(e)
+    return None

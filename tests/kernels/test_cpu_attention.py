@@ -1,0 +1,143 @@
+"""The cpu attention backend (one C++ kernel call per layer) against the float64 reference and the
+torch_native backend, on batches laid out by the real KV manager; and its invariance: a token's
+output is bitwise the same in any batch, chunk or step."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from radixlm.kernels.attention.cpu_backend import CpuAttnBackend
+from radixlm.kernels.attention.torch_native import TorchNativeAttnBackend
+from radixlm.kernels.cpu_extension import cpu_kernels_error
+from radixlm.srt.forward_batch import ForwardBatch, ForwardMode, ModelWorkerBatch
+from tests.kernels.paged_batches import cache_prompt, finish_step, make_setup, schedule_decode, schedule_extend
+from tests.kernels.test_torch_native_attention import reference
+
+pytestmark = pytest.mark.skipif(cpu_kernels_error() is not None, reason=str(cpu_kernels_error()))
+
+CPU = torch.device("cpu")
+
+
+def setup_for(page_size, kv_heads, head_dim, dtype=torch.float32, seed=0):
+    setup = make_setup(page_size, num_pages=4096 // page_size, rows=40, context=1200, kv_heads=kv_heads,
+                       head_dim=head_dim, layout="HND", seed=seed, dtype=dtype)
+    g = torch.Generator().manual_seed(seed)
+    for buf in setup.kv_pool.k_buffers + setup.kv_pool.v_buffers:
+        buf.copy_(torch.randn(buf.shape, generator=g).to(dtype))
+    return setup
+
+
+def forward(backend, setup, batch, q, k, v):
+    fb = ForwardBatch.init_new(batch, setup.req_to_token_pool, setup.kv_pool, backend, CPU)
+    return backend.forward(q, k, v, 0, fb)
+
+
+def qkv(tokens, heads, kv_heads, d, seed, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(tokens, n * d, generator=g).to(dtype) for n in (heads, kv_heads, kv_heads))
+
+
+def check_step(setup, batch, heads, kv_heads, d, seed):
+    """Run one forward with both backends on the same pool contents; compare with the reference."""
+    q, k, v = qkv(len(batch.input_ids), heads, kv_heads, d, seed)
+    before = [b.clone() for b in setup.kv_pool.get_kv(0)]
+    native = forward(TorchNativeAttnBackend(heads, kv_heads, d, d ** -0.5), setup, batch, q, k, v)
+    for buf, saved in zip(setup.kv_pool.get_kv(0), before):
+        buf.copy_(saved)
+    out = forward(CpuAttnBackend(heads, kv_heads, d, d ** -0.5), setup, batch, q, k, v)
+    k_buf, v_buf = setup.kv_pool.get_kv(0)
+    loc = torch.tensor(batch.out_cache_loc)
+    assert torch.equal(k_buf[:, loc].transpose(0, 1), k.view(-1, kv_heads, d))  # stored where the batch says
+    assert torch.equal(v_buf[:, loc].transpose(0, 1), v.view(-1, kv_heads, d))
+    ref = reference(setup, batch, q, heads=heads, kv_heads=kv_heads, d=d)
+    torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out, native, atol=3e-6, rtol=3e-6)
+
+
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(6, 2, 16), (9, 3, 64), (4, 4, 20), (2, 1, 128)])
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_extend_and_decode_match_reference_and_torch_native(heads, kv_heads, head_dim, page_size):
+    rng = random.Random(page_size * 100 + heads)
+    setup = setup_for(page_size, kv_heads, head_dim)
+    shared = [rng.randrange(3, 500) for _ in range(150)]
+    cache_prompt(setup, shared)
+    # contexts from 1 token to several softmax blocks (the kernel's BLOCK is 128) and query tiles
+    # (TILE 16), some after a cached prefix
+    prompts = [[7], shared + [1, 2], [rng.randrange(3, 500) for _ in range(300)], shared[:40] + [9] * 3,
+               [rng.randrange(3, 500) for _ in range(129)], shared + [rng.randrange(3, 500) for _ in range(37)]]
+    reqs, batch = schedule_extend(setup, prompts)
+    assert batch.prefix_lens[1] >= 128 or page_size > 1  # an extend after a multi-block cached prefix
+    check_step(setup, batch, heads, kv_heads, head_dim, seed=1)
+    finish_step(reqs)
+    for step in range(3):
+        batch = schedule_decode(setup, reqs)
+        check_step(setup, batch, heads, kv_heads, head_dim, seed=2 + step)
+        finish_step(reqs)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_pool(dtype):
+    heads, kvh, d = 9, 3, 64
+    setup = setup_for(1, kvh, d, dtype=dtype)
+    reqs, batch = schedule_extend(setup, [[5] * 40, [6] * 200])
+    q, k, v = qkv(240, heads, kvh, d, 1, dtype)
+    out = forward(CpuAttnBackend(heads, kvh, d, d ** -0.5), setup, batch, q, k, v)
+    assert out.dtype == dtype
+    ref = reference(setup, batch, q.float(), heads=heads, kv_heads=kvh, d=d)  # over the same half K/V
+    torch.testing.assert_close(out.double(), ref, atol=1e-2, rtol=1e-2)
+    # fp32 arithmetic inside: equal to the fp32 kernel on the same (rounded) inputs, up to the output rounding
+    fp32 = setup_for(1, kvh, d)
+    for dst, src in zip(fp32.kv_pool.get_kv(0), setup.kv_pool.get_kv(0)):
+        dst.copy_(src.float())
+    _, batch32 = schedule_extend(fp32, [[5] * 40, [6] * 200])
+    out32 = forward(CpuAttnBackend(heads, kvh, d, d ** -0.5), fp32, batch32, q.float(), k.float(), v.float())
+    assert torch.equal(out, out32.to(dtype))
+
+
+def test_a_token_gets_the_same_bits_in_prefill_chunk_decode_and_any_batch():
+    """Deterministic inference by construction: the same token's output from (a) a whole prefill in a
+    batch with others, (b) a prefill chunk after a cached prefix, (c) a decode step, is bitwise equal."""
+    heads, kvh, d = 9, 3, 64
+    setup = setup_for(1, kvh, d)
+    n = 170
+    prompt = list(range(3, 3 + n))
+    other = [[11] * 57, [12] * 3]
+    reqs, batch = schedule_extend(setup, [prompt] + other)  # (a): the prompt in a batch of three
+    g = torch.Generator().manual_seed(4)
+    q_all, k_all, v_all = (torch.randn(n, m * d, generator=g) for m in (heads, kvh, kvh))
+    extra = [torch.randn(60, m * d, generator=g) for m in (heads, kvh, kvh)]
+    backend = CpuAttnBackend(heads, kvh, d, d ** -0.5)
+    whole = forward(backend, setup, batch, *(torch.cat([a, e]) for a, e in zip((q_all, k_all, v_all), extra)))[:n]
+    table = setup.req_to_token_pool.req_to_token
+    row = reqs[0].req_pool_idx
+    slots = table[row, :n].tolist()
+
+    def partial(prefix, count):  # the same request recomputing tokens [prefix, prefix + count) on its slots
+        mb = ModelWorkerBatch(ForwardMode.DECODE if count == 1 else ForwardMode.EXTEND, prompt[prefix:prefix + count],
+                              [row], [prefix], [count], slots[prefix:prefix + count])
+        sl = slice(prefix, prefix + count)
+        return forward(backend, setup, mb, q_all[sl], k_all[sl], v_all[sl])
+
+    assert torch.equal(partial(100, 70), whole[100:])  # (b) a chunk after 100 cached tokens
+    assert torch.equal(partial(169, 1), whole[169:])  # (c) the last token as a decode step
+    assert torch.equal(partial(0, 33), whole[:33])  # a first chunk
+    assert not torch.equal(whole[0], whole[1])
+
+
+def test_bad_indices_raise_instead_of_reading_out_of_bounds():
+    op = torch.ops.radixlm_cpu.paged_attention
+    kc, vc = torch.zeros(2, 10, 16), torch.zeros(2, 10, 16)
+    q, kn = torch.randn(1, 4, 16), torch.randn(1, 2, 16)
+    table = torch.zeros(2, 8, dtype=torch.int64)
+    zero, one = torch.zeros(1, dtype=torch.int64), torch.ones(1, dtype=torch.int64)
+    with pytest.raises(RuntimeError, match="outside the KV pool"):
+        op(q, kn, kn, kc, vc, torch.tensor([10]), table, zero, zero, one, 0.25)
+    with pytest.raises(RuntimeError, match="prefix_len"):
+        op(q, kn, kn, kc, vc, one, table, zero, one * 8, one, 0.25)
+    with pytest.raises(RuntimeError, match="extend_lens sum"):
+        op(q, kn, kn, kc, vc, one, table, zero, zero, one * 2, 0.25)
+    with pytest.raises(RuntimeError, match="share a dtype"):
+        op(q.double(), kn, kn, kc, vc, one, table, zero, zero, one, 0.25)
