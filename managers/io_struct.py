@@ -99,6 +99,8 @@ class InternalState(msgspec.Struct, tag=True, kw_only=True):
     context_len: int
     num_grammar_compiles: int = 0
     num_grammar_cache_hits: int = 0
+    attention_backend: str = ""  # the backends actually chosen (``auto`` resolved)
+    gemm_backend: str = ""
 
 
 class BatchTokenOut(msgspec.Struct, tag=True, kw_only=True):

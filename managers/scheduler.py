@@ -397,4 +397,6 @@ class Scheduler:
             num_generation_tokens=self.stats["generation_tokens"], num_cached_tokens=self.stats["cached_tokens"],
             page_size=self.args.page_size, context_len=self.context_len,
             num_grammar_compiles=self.grammar_cache.num_compiles if self.grammar_cache is not None else 0,
-            num_grammar_cache_hits=self.grammar_cache.num_hits if self.grammar_cache is not None else 0)
+            num_grammar_cache_hits=self.grammar_cache.num_hits if self.grammar_cache is not None else 0,
+            attention_backend=self.worker.model_runner.attn_backend.name,
+            gemm_backend=self.worker.model_runner.gemm_backend.name)

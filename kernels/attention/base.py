@@ -22,6 +22,7 @@ class AttentionBackend(abc.ABC):
     ``kv_layout`` is the ``KVPool`` layout the backend reads ("NHD" or "HND"; see ``KVPool``).
     """
 
+    name = ""
     kv_layout = "NHD"
 
     @abc.abstractmethod

@@ -34,6 +34,7 @@ class CpuAttnBackend(AttentionBackend):
         CpuKernelsUnavailable: the C++ kernels cannot be built here.
     """
 
+    name = "cpu"
     kv_layout = "HND"
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scaling: float):

@@ -160,6 +160,8 @@ class FlashInferAttnBackend(AttentionBackend):
 
     supports_cuda_graph = True
 
+    name = "flashinfer"
+
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scaling: float, *,
                  workspace_bytes: int = DEFAULT_WORKSPACE_BYTES, use_ragged: bool = True,
                  decode_use_tensor_cores: Optional[bool] = None, kernel_backend: str = "fa2"):

@@ -110,6 +110,7 @@ class TorchNativeAttnBackend(AttentionBackend):
         scaling: softmax scale (usually head_dim ** -0.5).
     """
 
+    name = "torch_native"
     kv_layout = "HND"
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scaling: float):

@@ -1,0 +1,30 @@
+"""Without a working C++ compiler the server still starts: ``--attention-backend auto`` falls back to
+torch_native with a warning that says why, and an explicit ``cpu`` is a clear error."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+
+def test_auto_falls_back_to_torch_native_when_the_kernels_cannot_build(tmp_path):
+    script = textwrap.dedent("""
+        import logging, sys
+        logging.basicConfig(level=logging.WARNING, stream=sys.stdout)
+        from radixlm.kernels.attention import create_attention_backend
+        from radixlm.kernels.cpu_extension import CpuKernelsUnavailable
+        kw = dict(num_heads=4, num_kv_heads=2, head_dim=16, scaling=0.25)
+        print("BACKEND", create_attention_backend("auto", "cpu", **kw).name)
+        try:
+            create_attention_backend("cpu", "cpu", **kw)
+        except CpuKernelsUnavailable as e:
+            print("EXPLICIT", type(e).__name__)
+    """)
+    env = {**os.environ, "CXX": str(tmp_path / "no-such-compiler"), "RADIXLM_KERNEL_CACHE": str(tmp_path / "cache")}
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "BACKEND torch_native" in out.stdout
+    assert "building radixlm's C++ CPU kernels" in out.stdout and "torch_native" in out.stdout
+    assert "EXPLICIT CpuKernelsUnavailable" in out.stdout
