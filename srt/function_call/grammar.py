@@ -13,7 +13,9 @@ the scheduler's grammar backend compiles it):
 Each call's arguments are the tool's ``parameters`` JSON schema (or, for pythonic, its keyword
 grammar), so every call parses and its arguments validate. ``reasoning``: the output first runs
 through a reasoning block (``ReasoningGrammar``), unconstrained, and the tool grammar applies after
-its end tag.
+its end tag. A block the model would only *open* itself (the prompt did not) is allowed in ``auto``
+mode; ``required``/named then call at once, because free text before the calls would stop the
+output from closing in time (``constrained.structural_tag.closes_in_time``) at ``max_tokens``.
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ def tool_call_structural_tag(parser: ToolCallParser, tools: Sequence[FunctionToo
     else:
         fmt = {"type": "triggered_tags", "triggers": [parser.trigger], "tags": tags,
                "stop_after_first": not parallel}
-    if reasoning is not None:
+    if reasoning is not None and (reasoning.starts_inside or mode == "auto"):
         block: dict[str, Any] = {"type": "tag", "begin": "" if reasoning.starts_inside else reasoning.start,
                                  "content": {"type": "any_text"}, "end": reasoning.end}
         if not reasoning.starts_inside:

@@ -46,9 +46,9 @@ class HermesParser(ToolCallParser):
         rest = text[k:]
         if rest.startswith(CLOSE):
             return RegionScan("done", [obj.call], k + len(CLOSE))
-        if CLOSE.startswith(rest) and not final:
-            return RegionScan("partial", [obj.call])
-        return RegionScan("done", [obj.call], obj.end if rest else len(text))
+        if CLOSE.startswith(rest):  # the close tag still arriving, or cut at the end
+            return RegionScan("done", [obj.call], len(text)) if final else RegionScan("partial", [obj.call])
+        return RegionScan("done", [obj.call], obj.end)
 
     @staticmethod
     def _until_close(text: str, pos: int, calls: list[ParsedCall], final: bool) -> RegionScan:

@@ -43,6 +43,7 @@ CASES = [
      [("g", '{"a": "}"}')]),
     ("hermes", '<tool_call>\n{"name": "f", "arguments": {"a": "cut', "", [("f", '{"a": "cut')]),
     ("hermes", '<tool_call>{"name": "f"}</tool_call>', "", [("f", "{}")]),
+    ("hermes", '<tool_call>{"name": "f", "arguments": {}}\n</tool', "", [("f", "{}")]),  # cut in the close tag
     ("hermes", '<tool_call>{"name": "f", "arguments": "{\\"a\\": 1}"}</tool_call>', "", [("f", '{"a": 1}')]),
     ("hermes", '<tool_call>{"name": "f", "arguments": {"a": 1 2}}</tool_call> tail', "tail", [("f", '{"a": 1 2}')]),
     ("qwen25", '<tool_call>\n{"name": "f", "arguments": {"q": "ü"}}\n</tool_call>', "", [("f", '{"q": "ü"}')]),
