@@ -136,3 +136,15 @@ def test_pythonic_grammar_rejects_schemas_it_cannot_express() -> None:
     with pytest.raises(UnsupportedSchema, match="keyword argument"):
         kwargs_grammar({"type": "object", "properties": {"not valid": {"type": "string"}}})
     assert kwargs_grammar({"type": "object", "properties": {}}).startswith('root ::= ""')
+
+
+def test_forced_calls_skip_a_reasoning_block_the_prompt_did_not_open() -> None:
+    """Only auto lets the model open <think> itself; forced calls come at once and close in time."""
+    reasoning = ReasoningGrammar("<think>", "</think>", starts_inside=False)
+    parser = create_tool_parser("hermes")
+    forced = tool_call_structural_tag(parser, [TIME], "required", False, reasoning)
+    assert forced == tool_call_structural_tag(parser, [TIME], "required", False)
+    assert _compile(forced)[1].closes
+    auto = tool_call_structural_tag(parser, [TIME], "auto", False, reasoning)
+    assert auto["format"]["elements"][0] == {"type": "optional", "content": {
+        "type": "tag", "begin": "<think>", "content": {"type": "any_text"}, "end": "</think>"}}
