@@ -7,9 +7,10 @@ strings, lists, dicts with string keys). Numbers are bounded like the JSON gramm
 6 fraction digits), so output cannot run away in digits.
 
 Supported keywords: ``type`` (one or a list), ``properties``, ``required``, ``items``, ``enum``,
-``const``, ``anyOf``/``oneOf``, ``minLength``/``maxLength``, ``minItems``/``maxItems``, and annotations (``description``, ``title``, ``default``,
-``examples``). Anything else raises ``UnsupportedSchema`` (the route answers 400), rather than
-allowing calls that break the schema.
+``const``, ``anyOf``/``oneOf``, ``minLength``/``maxLength``, ``minItems``/``maxItems``, and
+annotations (``description``, ``title``, ``default``, ``examples``). Anything else raises
+``UnsupportedSchema`` (the route answers 400), rather than allowing calls that break the schema.
+``additionalProperties`` is accepted and read as false (only the listed properties are written).
 """
 
 from __future__ import annotations
