@@ -1,9 +1,10 @@
-"""Grammar-constrained decoding: JSON schema, any-JSON object, regex and EBNF.
+"""Grammar-constrained decoding: JSON schema, any-JSON object, regex, EBNF and structural tags.
 
 Pieces (see ``shared/DESIGN.md`` section 5):
 
 * ``GrammarSpec`` / ``GrammarError`` (``spec``): what a request asks for; invalid -> HTTP 400.
-* ``create_grammar_backend``: ``xgrammar`` (default; all kinds) or ``outlines`` (no EBNF).
+* ``create_grammar_backend``: ``xgrammar`` (default; all kinds) or ``outlines`` (no EBNF, no
+  structural tags).
 * ``GrammarCache`` (``cache``): compiles off the critical path, once per ``(kind, text)``.
 * ``GrammarMatcher`` (``base``): per-request state; ``fill_bitmask`` before sampling,
   ``accept_token`` after, ``is_terminated`` once a stop token was accepted.

@@ -33,11 +33,12 @@ from radixlm.constrained.closing import (
     closing_path_length,
 )
 from radixlm.constrained.spec import GrammarError, GrammarSpec
+from radixlm.constrained.structural_tag import closes_in_time
 
 if TYPE_CHECKING:
     import torch
 
-JSON_KINDS = ("json_schema", "json_object")  # the grammar kinds that close in time
+JSON_KINDS = ("json_schema", "json_object")  # the grammar kinds that close in time (and some structural tags)
 
 # xgrammar/TVM messages start with "[10:22:57] /project/cpp/file.cc:94: " and sometimes a failed
 # CHECK's text; the caller wants only the human part.
@@ -116,7 +117,8 @@ class CompiledGrammar:
 
     ``handle`` is the backend's object (xgrammar ``CompiledGrammar`` / outlines-core ``Index``).
     ``closing_tokens``: the closing path's length from the start (``closing.closing_path_length``;
-    0 for grammars that do not close in time).
+    0 for grammars that do not close in time). ``closes``: matchers close in time (JSON kinds, and
+    structural tags made of JSON and literals only, ``structural_tag.closes_in_time``).
     """
 
     spec: GrammarSpec
@@ -124,6 +126,12 @@ class CompiledGrammar:
     handle: Any
     compile_seconds: float = 0.0
     closing_tokens: int = 0
+    closes: bool = False
+
+
+def closes_output(spec: GrammarSpec) -> bool:
+    """Whether output under ``spec`` is JSON the closing lexer can follow exactly."""
+    return spec.kind in JSON_KINDS or (spec.kind == "structural_tag" and closes_in_time(spec.text))
 
 
 class GrammarMatcher(ABC):
@@ -325,18 +333,19 @@ class GrammarBackend(ABC):
             raise
         except Exception as exc:  # the libraries raise RuntimeError/ValueError/TypeError
             raise GrammarError(compiler_message(exc)) from exc
-        compiled = CompiledGrammar(spec, self.name, handle)
+        closes = self.closing_vocab is not None and closes_output(spec)
+        compiled = CompiledGrammar(spec, self.name, handle, closes=closes)
         closing = 0
-        if self.closing_vocab is not None and spec.kind in JSON_KINDS:
+        if closes:
             probe = self._new_matcher(compiled)
-            probe.enable_closing(self.closing_vocab, 0)
-            closing = closing_path_length(probe, self.closing_vocab)
+            probe.enable_closing(self.closing_vocab, 0)  # type: ignore[arg-type]
+            closing = closing_path_length(probe, self.closing_vocab)  # type: ignore[arg-type]
         return dataclasses.replace(compiled, compile_seconds=time.perf_counter() - start,
                                    closing_tokens=closing)
 
     def new_matcher(self, compiled: CompiledGrammar) -> GrammarMatcher:
-        """A fresh matcher (initial state) over ``compiled``; a JSON grammar's closes in time
-        with ``close_reserve = compiled.closing_tokens + closing.CLOSE_MARGIN``.
+        """A fresh matcher (initial state) over ``compiled``; where ``compiled.closes`` (JSON
+        grammars) it closes in time with ``close_reserve = compiled.closing_tokens + closing.CLOSE_MARGIN``.
 
         Raises:
             ValueError: ``compiled`` came from another backend.
@@ -344,7 +353,7 @@ class GrammarBackend(ABC):
         if compiled.backend != self.name:
             raise ValueError(f"grammar compiled by {compiled.backend!r}, not {self.name!r}")
         matcher = self._new_matcher(compiled)
-        if self.closing_vocab is not None and compiled.spec.kind in JSON_KINDS:
+        if self.closing_vocab is not None and compiled.closes:
             matcher.enable_closing(self.closing_vocab, compiled.closing_tokens + CLOSE_MARGIN)
         return matcher
 

@@ -11,6 +11,9 @@ Kinds:
       key for "any JSON") and the bare schema ``{"type": "object"}`` map here too.
     * ``regex``: the whole output must fully match ``text``.
     * ``ebnf``: a GBNF/EBNF grammar with a ``root`` rule (xgrammar only).
+    * ``structural_tag``: an xgrammar structural tag, ``{"type": "structural_tag", "format": {...}}``
+      as JSON text (SGLang's ``structural_tag`` sampling parameter; xgrammar only). Tool calling
+      builds these (``radixlm.srt.function_call.grammar``).
 """
 
 from __future__ import annotations
@@ -19,8 +22,9 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal, Optional, Union
 
-GrammarKind = Literal["json_schema", "json_object", "regex", "ebnf"]
-GRAMMAR_KINDS: tuple[str, ...] = ("json_schema", "json_object", "regex", "ebnf")
+GrammarKind = Literal["json_schema", "json_object", "regex", "ebnf", "structural_tag"]
+GRAMMAR_KINDS: tuple[str, ...] = ("json_schema", "json_object", "regex", "ebnf", "structural_tag")
+_PARAM_KINDS = ("json_schema", "regex", "ebnf", "structural_tag")  # sampling params naming a kind
 ANY_JSON_KEY = "$$ANY$$"
 
 
@@ -74,16 +78,17 @@ class GrammarSpec:
 
         Args:
             params: a ``radixlm.srt.sampling_params.SamplingParams`` (reads its ``json_schema``,
-                ``regex`` and ``ebnf`` fields; ``json_schema`` may be a str or a decoded object).
+                ``regex``, ``ebnf`` and ``structural_tag`` fields; ``json_schema`` may be a str or
+                a decoded object).
         Raises:
-            GrammarError: more than one of the three is set.
+            GrammarError: more than one of the four is set.
         """
-        fields = {name: getattr(params, name, None) for name in ("json_schema", "regex", "ebnf")}
+        fields = {name: getattr(params, name, None) for name in _PARAM_KINDS}
         given = [name for name, value in fields.items() if value is not None]
         if not given:
             return None
         if len(given) > 1:
-            raise GrammarError(f"only one of json_schema, regex and ebnf may be given, got {given}")
+            raise GrammarError(f"only one of json_schema, regex, ebnf and structural_tag may be given, got {given}")
         name = given[0]
         value: Any = fields[name]
         if name == "json_schema":

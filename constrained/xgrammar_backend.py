@@ -6,6 +6,12 @@ tokens other than the stop tokens are blanked so a grammar never emits them as t
 pass through ``schema_rewrite.patch_xgrammar_schema`` (length-bounded strings could otherwise emit
 raw control characters, upstream xgrammar#800; unbounded numbers get bounds). ``json_object`` is
 ``schema_rewrite.ANY_OBJECT_SCHEMA`` (any JSON object, numbers bounded) through the same patch.
+
+Structural tags (``structural_tag``): every JSON-style ``json_schema`` format inside is patched the
+same way and lowered to the EBNF of ``Grammar.from_json_schema`` (a ``grammar`` format), because
+xgrammar's own structural-tag JSON allows any whitespace between tokens: with the lowering, tool-call
+arguments get this backend's whitespace (compact unless ``any_whitespace``) like every other JSON.
+``lower_structural_tag`` is tokenizer-free, so the HTTP edge checks tags with it before generation.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from radixlm.constrained.base import CompiledGrammar, GrammarBackend, GrammarMat
 from radixlm.constrained.closing import ClosingVocab
 from radixlm.constrained.schema_rewrite import ANY_OBJECT_SCHEMA, patch_xgrammar_schema
 from radixlm.constrained.spec import GrammarError, GrammarSpec
+from radixlm.constrained.structural_tag import load_structural_tag, map_formats
 from radixlm.constrained.vocab import special_token_ids, token_bytes_table
 
 logger = logging.getLogger(__name__)
@@ -27,6 +34,43 @@ if TYPE_CHECKING:
     import torch
 
 _ANY_OBJECT_SCHEMA = patch_xgrammar_schema(json.dumps(ANY_OBJECT_SCHEMA))
+
+
+def lower_structural_tag(text: str, any_whitespace: bool = False) -> str:
+    """The structural tag ``text`` with each JSON-style ``json_schema`` format patched
+    (``patch_xgrammar_schema``) and lowered to an EBNF ``grammar`` format, checked by building
+    xgrammar's tokenizer-free ``Grammar`` of the whole tag.
+
+    Raises:
+        GrammarError: not a structural tag object, a schema xgrammar cannot convert, or a tag
+            xgrammar rejects (the compiler's message).
+    """
+    import xgrammar
+
+    from radixlm.constrained.base import compiler_message
+
+    tag = load_structural_tag(text)
+    if tag is None:
+        raise GrammarError('a structural tag must be a JSON object {"type": "structural_tag", "format": {...}}')
+
+    def lower(fmt: dict[str, Any]) -> dict[str, Any]:
+        if fmt.get("type") != "json_schema" or fmt.get("style", "json") != "json" or fmt.get("any_order"):
+            return fmt
+        schema = fmt.get("json_schema")
+        schema_text = json.dumps(schema) if not isinstance(schema, str) else schema
+        try:
+            grammar = xgrammar.Grammar.from_json_schema(patch_xgrammar_schema(schema_text),
+                                                         any_whitespace=any_whitespace)
+        except Exception as exc:  # RuntimeError/ValueError from the converter
+            raise GrammarError(compiler_message(exc)) from exc
+        return {"type": "grammar", "grammar": str(grammar)}
+
+    lowered = json.dumps({**tag, "format": map_formats(tag["format"], lower)}, ensure_ascii=False)
+    try:
+        xgrammar.Grammar.from_structural_tag(lowered)
+    except Exception as exc:
+        raise GrammarError(compiler_message(exc)) from exc
+    return lowered
 
 
 class XGrammarMatcher(GrammarMatcher):
@@ -117,6 +161,8 @@ class XGrammarBackend(GrammarBackend):
             return c.compile_regex(spec.text)
         if spec.kind == "ebnf":
             return c.compile_grammar(spec.text)
+        if spec.kind == "structural_tag":
+            return c.compile_structural_tag(lower_structural_tag(spec.text, self.any_whitespace))
         raise GrammarError(f"grammar kind {spec.kind!r} is not supported by the xgrammar backend")
 
     def _new_matcher(self, compiled: CompiledGrammar) -> XGrammarMatcher:

@@ -105,7 +105,8 @@ _ERROR_DESCRIPTIONS = {400: "Invalid request", 401: "Missing or wrong API key (A
 
 def sampling_params_schema(context_len: int, vocab_size: Optional[int]) -> dict:
     """JSON schema of one ``sampling_params`` object: ``SamplingParams``' fields (from msgspec), each
-    also ``null``; unknown keys only as ``null``; ``json_schema`` also as an object or array."""
+    also ``null``; unknown keys only as ``null``; ``json_schema`` also as an object or array,
+    ``structural_tag`` also as an object."""
     generated = msgspec.json.schema(SamplingParams)
     fields = generated["$defs"]["SamplingParams"]["properties"]
     token = {"type": "integer", "minimum": 0, **({"maximum": vocab_size - 1} if vocab_size else {})}
@@ -114,6 +115,7 @@ def sampling_params_schema(context_len: int, vocab_size: Optional[int]) -> dict:
     typed["top_k"] = {"anyOf": [{"const": -1}, {"type": "integer", "minimum": 1}]}
     typed["stop_token_ids"] = {"type": "array", "items": token}
     typed["json_schema"] = {"anyOf": [{"type": "string"}, {"type": "object"}, {"type": "array"}]}
+    typed["structural_tag"] = {"anyOf": [{"type": "string"}, {"type": "object"}]}
     for name, bounds in _SAMPLING_BOUNDS.items():
         typed[name] = {**typed[name], **bounds}
     properties = {name: {"anyOf": [_strip_null(spec), {"type": "null"}]} for name, spec in typed.items()}

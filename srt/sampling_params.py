@@ -41,7 +41,9 @@ class SamplingParams(msgspec.Struct, kw_only=True):
         logit_bias: token id (str or int) -> additive bias.
         sampling_seed: per-request seed; same seed + same prompt gives the same text in any batch.
         ignore_eos, skip_special_tokens, spaces_between_special_tokens, no_stop_trim: as SGLang.
-        json_schema, regex, ebnf: grammar constraints (at most one).
+        json_schema, regex, ebnf, structural_tag: grammar constraints (at most one);
+            ``structural_tag`` is xgrammar's ``{"type": "structural_tag", "format": ...}`` as JSON
+            text or an object (SGLang's field; what tool calling constrains with).
         n: parallel samples (expanded by the tokenizer manager).
     """
 
@@ -66,6 +68,7 @@ class SamplingParams(msgspec.Struct, kw_only=True):
     json_schema: Optional[str] = None
     regex: Optional[str] = None
     ebnf: Optional[str] = None
+    structural_tag: Optional[str] = None
     n: int = 1
     stream_interval: Optional[int] = None
 
@@ -88,8 +91,9 @@ class SamplingParams(msgspec.Struct, kw_only=True):
         if unknown:
             raise SamplingParamsError(f"unknown sampling parameter(s): {', '.join(unknown)}")
         clean = {k: v for k, v in d.items() if v is not None and k in known}
-        if isinstance(clean.get("json_schema"), (dict, list)):
-            clean["json_schema"] = msgspec.json.encode(clean["json_schema"]).decode()
+        for name in ("json_schema", "structural_tag"):
+            if isinstance(clean.get(name), (dict, list)):
+                clean[name] = msgspec.json.encode(clean[name]).decode()
         if "logit_bias" in clean and isinstance(clean["logit_bias"], dict):
             clean["logit_bias"] = {str(k): v for k, v in clean["logit_bias"].items()}
         try:
@@ -168,7 +172,7 @@ class SamplingParams(msgspec.Struct, kw_only=True):
                 raise SamplingParamsError(
                     f"logit_bias token id {tid} is outside the vocabulary [0, {vocab_size})")
             finite(f"logit_bias[{key}]", bias)
-        grammars = [g for g in (self.json_schema, self.regex, self.ebnf) if g is not None]
+        grammars = [g for g in (self.json_schema, self.regex, self.ebnf, self.structural_tag) if g is not None]
         if len(grammars) > 1:
-            raise SamplingParamsError("only one of json_schema, regex and ebnf may be given")
+            raise SamplingParamsError("only one of json_schema, regex, ebnf and structural_tag may be given")
 

@@ -12,6 +12,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Optional, get_type_hints
 
+from radixlm.srt.function_call import TOOL_CALL_PARSERS
+from radixlm.srt.reasoning_parser import REASONING_PARSERS
+
 SCHEDULE_POLICIES = ("lpm", "fcfs")
 ATTENTION_BACKENDS = ("auto", "torch_native", "cpu", "flashinfer")
 GEMM_BACKENDS = ("auto", "torch_native", "onednn")
@@ -35,6 +38,13 @@ class ServerArgs:
     tokenizer_path: Optional[str] = field(default=None, metadata={"help": "tokenizer folder (default: the model's)"})
     served_model_name: Optional[str] = field(default=None, metadata={"help": "model id reported by /v1/models"})
     chat_template: Optional[str] = field(default=None, metadata={"help": "Jinja chat template file overriding the tokenizer's"})
+    tool_call_parser: Optional[str] = field(default=None, metadata={"help": (
+        "format of tool calls in model output for /v1/chat/completions tools: hermes|qwen25|llama3|mistral|"
+        "pythonic (default: the one the chat template writes, else hermes, the format radixlm renders tools in for "
+        "templates without tool support)")})
+    reasoning_parser: Optional[str] = field(default=None, metadata={"help": (
+        "split <think> reasoning into message.reasoning_content: deepseek-r1|qwen3|qwen3-thinking|deepseek-v3|"
+        "glm45|kimi (default: off, the reasoning stays in content)")})
     host: str = field(default="127.0.0.1", metadata={"help": "HTTP bind address"})
     port: int = field(default=30000, metadata={"help": "HTTP port"})
     api_key: Optional[str] = field(default=None, metadata={"help": "require 'Authorization: Bearer KEY' on every route but /health"})
@@ -85,6 +95,10 @@ class ServerArgs:
         choice("grammar_backend", GRAMMAR_BACKENDS)
         choice("device", DEVICES)
         choice("dtype", DTYPES)
+        if self.tool_call_parser is not None:
+            choice("tool_call_parser", tuple(TOOL_CALL_PARSERS))
+        if self.reasoning_parser is not None:
+            choice("reasoning_parser", tuple(REASONING_PARSERS))
         if self.page_size < 1 or self.page_size & (self.page_size - 1):
             raise ServerArgsError(f"--page-size must be a power of two, got {self.page_size}")
         if self.cpu_threads is not None and self.cpu_threads < 1:

@@ -6,6 +6,11 @@ Streaming sends, per choice: a first chunk with ``delta.role = "assistant"``, co
 one chunk with ``finish_reason`` (empty delta); then the usage chunk if asked and ``data: [DONE]``.
 With ``continue_final_message`` (or a final assistant message) the reply continues that message and
 the response holds only the new text.
+
+Tools (``tool_request``): the prompt lists them (``tool_prompt``), the output is parsed for calls and,
+on an xgrammar server, constrained so calls are valid (``function_call.grammar``). Messages carry
+``tool_calls`` / ``reasoning_content`` (``chat_output``); streamed calls come as OpenAI's
+``delta.tool_calls`` (index, id, type and name first with ``arguments: ""``, then argument fragments).
 """
 
 from __future__ import annotations
@@ -20,10 +25,14 @@ from fastapi.responses import Response, StreamingResponse
 from radixlm.srt.openai_api.common import (ServingContext, finish_reason, generate_request, grammar_params,
                                            guarded_stream, max_new_tokens, native_sampling_params, new_id,
                                            run_to_completion, sse, tokenize, usage_info)
+from radixlm.srt.function_call import ReasoningGrammar
+from radixlm.srt.openai_api.chat_output import ChoiceOutput
 from radixlm.srt.openai_api.logprobs import TokenStrings, chat_logprobs
 from radixlm.srt.openai_api.protocol import (ChatChoice, ChatCompletionChunk, ChatCompletionRequest,
-                                             ChatCompletionResponse, ChatResponseMessage, ChatStreamChoice,
-                                             ChoiceLogprobs, DeltaMessage, OpenAIError, ResponseFormat)
+                                             ChatCompletionResponse, ChatStreamChoice, ChoiceLogprobs,
+                                             DeltaMessage, OpenAIError, ResponseFormat)
+from radixlm.srt.openai_api.tool_request import ToolPlan, plan_tools, request_tools, tool_mode
+from radixlm.srt.reasoning_parser import starts_in_reasoning
 
 
 def _response_format_schema(fmt: Optional[ResponseFormat]) -> Optional[Any]:
@@ -45,14 +54,11 @@ def _response_format_schema(fmt: Optional[ResponseFormat]) -> Optional[Any]:
 
 
 def _check_unsupported(req: ChatCompletionRequest) -> None:
-    if req.tools:
-        raise OpenAIError("tools (function calling) are not supported by this server yet", 400, "tools")
-    if req.tool_choice not in (None, "none", "auto"):
-        raise OpenAIError("tool_choice needs tools, which are not supported by this server yet", 400, "tool_choice")
     if req.functions:
-        raise OpenAIError("functions (function calling) are not supported by this server yet", 400, "functions")
+        raise OpenAIError("functions (the deprecated form of function calling) are not supported: send the same "
+                          "definitions as tools ([{\"type\": \"function\", \"function\": {...}}])", 400, "functions")
     if req.function_call not in (None, "none", "auto"):
-        raise OpenAIError("function_call needs functions, which are not supported by this server yet", 400,
+        raise OpenAIError("function_call needs functions, which are not supported: use tools and tool_choice", 400,
                           "function_call")
     if req.modalities is not None and any(m != "text" for m in req.modalities):
         raise OpenAIError(f"modalities {req.modalities} are not supported: this server replies with text only",
@@ -67,24 +73,36 @@ def _check_unsupported(req: ChatCompletionRequest) -> None:
         raise OpenAIError("stream_options is only allowed with stream: true", 400, "stream_options")
 
 
+def _other_constraint(req: ChatCompletionRequest) -> Optional[str]:
+    """The request field of an output constraint other than tools, if any."""
+    if req.response_format is not None and req.response_format.type != "text":
+        return "response_format"
+    return "regex" if req.regex is not None else "ebnf" if req.ebnf is not None else None
+
+
 async def create_chat_completion(ctx: ServingContext, req: ChatCompletionRequest, request: Request) -> Response:
     """Render, validate, submit and answer (JSON or SSE)."""
     _check_unsupported(req)
     n = req.n or 1
-    text = ctx.chat_template.render_text(req.messages, req.continue_final_message, req.chat_template_kwargs)
+    schema = _response_format_schema(req.response_format)
+    grammar = grammar_params(schema, req.regex, req.ebnf, schema_param="response_format")
+    text, plan, reasoning = _render_and_plan(ctx, req)
     [prompt_ids] = await tokenize(ctx, [text], "messages", add_special_tokens=False)
     requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     max_param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     budget = max_new_tokens([len(prompt_ids)], requested, None, ctx.context_len, "messages", max_param)
-    schema = _response_format_schema(req.response_format)
-    grammar = grammar_params(schema, req.regex, req.ebnf, schema_param="response_format")
+    if plan.structural_tag is not None:
+        grammar = {"structural_tag": plan.structural_tag}
     params = native_sampling_params(req, budget, grammar)
+    if plan.parse and ctx.tool_markers_special and req.skip_special_tokens is None:
+        params["skip_special_tokens"] = False  # the parser must see its markers
     top_n = (req.top_logprobs or 0) if req.logprobs else 0
     greq = generate_request([prompt_ids], params, n, req.seed, bool(req.logprobs), False, top_n,
                             bool(req.stream), req.rid, req.timeout)
     prep = await ctx.tm.prepare(greq)
     ctx.tm.check_admission(prep)
-    state = _ChatState(ctx, req, n, prompt_ids, top_n)
+    separate = reasoning if req.separate_reasoning is not False else None
+    state = _ChatState(ctx, req, n, prompt_ids, top_n, separate, ctx.tool_parser if plan.parse else None)
     if req.stream:
         return StreamingResponse(guarded_stream(state.stream(prep, request)), media_type="text/event-stream")
     results = await run_to_completion(ctx.tm, prep, request)
@@ -93,23 +111,50 @@ async def create_chat_completion(ctx: ServingContext, req: ChatCompletionRequest
         meta = result["meta_info"]
         reason, matched = finish_reason(meta)
         logprobs = state.logprobs(meta, 0, prompt_ids) if req.logprobs else None
-        choices.append(ChatChoice(index=k, message=ChatResponseMessage(content=result["text"]), logprobs=logprobs,
-                                  finish_reason=reason, matched_stop=matched))
+        out = state.new_output()
+        out.feed(result["text"])
+        out.finish()
+        choices.append(ChatChoice(index=k, message=out.message(), logprobs=logprobs,
+                                  finish_reason=out.finish_reason(reason), matched_stop=matched))
     body = ChatCompletionResponse(id=state.id, created=state.created, model=ctx.model_name,
                                   system_fingerprint=ctx.fingerprint, choices=choices,
                                   usage=usage_info([r["meta_info"] for r in results], n))
     return Response(body.model_dump_json(), media_type="application/json")
 
 
+def _render_and_plan(ctx: ServingContext, req: ChatCompletionRequest) -> tuple[str, ToolPlan, Any]:
+    """The prompt (offering the tools unless ``tool_choice`` is none), the tool plan, and the
+    reasoning split ``(format, output starts inside)`` or None."""
+    tools = request_tools(req)
+    mode, _ = tool_mode(req, tools)
+    text = ctx.chat_template.render_text(req.messages, req.continue_final_message, req.chat_template_kwargs,
+                                         tools=tools if mode != "none" else None, tool_parser=ctx.tool_parser)
+    reasoning, grammar_reasoning = None, None
+    if ctx.reasoning is not None:
+        inside = starts_in_reasoning(ctx.reasoning, text)
+        reasoning = (ctx.reasoning, inside)
+        grammar_reasoning = ReasoningGrammar(ctx.reasoning.start, ctx.reasoning.end, inside)
+    plan = ToolPlan()
+    if mode != "none":
+        plan = plan_tools(req, tools, ctx.tool_parser, ctx.tool_validator, grammar_reasoning, _other_constraint(req))
+    return text, plan, reasoning
+
+
 class _ChatState:
     """Response building of one chat request (shared by the JSON and SSE paths)."""
 
-    def __init__(self, ctx: ServingContext, req: ChatCompletionRequest, n: int, prompt_ids: list[int], top_n: int):
+    def __init__(self, ctx: ServingContext, req: ChatCompletionRequest, n: int, prompt_ids: list[int], top_n: int,
+                 reasoning: Any = None, tool_parser: Any = None):
         self.ctx, self.req, self.n, self.prompt_ids, self.top_n = ctx, req, n, prompt_ids, top_n
+        self.reasoning, self.tool_parser = reasoning, tool_parser
         self.id = new_id("chatcmpl")
         self.created = int(time.time())
         skip = True if req.skip_special_tokens is None else req.skip_special_tokens
         self.strings = TokenStrings(ctx.tokenizer, skip)
+
+    def new_output(self) -> ChoiceOutput:
+        """The parsers of one choice."""
+        return ChoiceOutput(self.reasoning, self.tool_parser)
 
     def logprobs(self, meta: dict, start: int, context: list[int]) -> ChoiceLogprobs:
         lps = (meta.get("output_token_logprobs") or [])[start:]
@@ -117,12 +162,9 @@ class _ChatState:
         return chat_logprobs(self.strings, lps, tops, context, self.top_n)
 
     def _chunk(self, choice: Optional[ChatStreamChoice], usage: Any = None) -> bytes:
-        body = ChatCompletionChunk(id=self.id, created=self.created, model=self.ctx.model_name,
-                                   system_fingerprint=self.ctx.fingerprint, choices=[choice] if choice else [],
-                                   usage=usage).model_dump()
-        if usage is None:
-            body.pop("usage")
-        return sse(body)
+        return sse(ChatCompletionChunk(id=self.id, created=self.created, model=self.ctx.model_name,
+                                       system_fingerprint=self.ctx.fingerprint, choices=[choice] if choice else [],
+                                       usage=usage).dump())
 
     async def stream(self, prep: Any, request: Request) -> AsyncIterator[bytes]:
         """Role chunks at once (so clients see the stream open), then deltas from the
@@ -131,6 +173,7 @@ class _ChatState:
         for k in range(total):
             yield self._chunk(ChatStreamChoice(index=k, delta=DeltaMessage(role="assistant", content="")))
         sent_text, sent_lps = [0] * total, [0] * total
+        outputs = [self.new_output() for _ in range(total)]
         metas: list[Optional[dict]] = [None] * total
         async for event in self.ctx.tm.generate_stream(prep, request.is_disconnected):
             if "error" in event:
@@ -145,12 +188,18 @@ class _ChatState:
                 done = sent_lps[k]
                 logprobs = self.logprobs(meta, done, self.prompt_ids + event["output_ids"][:done])
                 sent_lps[k] += len(logprobs.content or [])
-            if text or (logprobs is not None and logprobs.content):
-                yield self._chunk(ChatStreamChoice(index=k, delta=DeltaMessage(content=text), logprobs=logprobs))
+            parts = outputs[k].feed(text) if text else None
+            if parts or (logprobs is not None and logprobs.content):
+                delta = parts.message() if parts else DeltaMessage(content="")
+                yield self._chunk(ChatStreamChoice(index=k, delta=delta, logprobs=logprobs))
             reason, matched = finish_reason(meta)
             if reason is not None:
                 metas[k] = meta
-                yield self._chunk(ChatStreamChoice(index=k, delta=DeltaMessage(), finish_reason=reason,
+                held = outputs[k].finish()
+                if held:
+                    yield self._chunk(ChatStreamChoice(index=k, delta=held.message()))
+                yield self._chunk(ChatStreamChoice(index=k, delta=DeltaMessage(),
+                                                   finish_reason=outputs[k].finish_reason(reason),
                                                    matched_stop=matched))
         if self.req.stream_options is not None and self.req.stream_options.include_usage:
             yield self._chunk(None, usage_info(metas, self.n))

@@ -4,6 +4,8 @@
 an error at startup); otherwise the tokenizer's own template is used. ``render`` applies it with
 transformers' ``apply_chat_template`` and tokenizes the result without adding special tokens (the
 template writes BOS itself if the model wants one), as ``apply_chat_template(tokenize=True)`` does.
+Tools and tool-use history go through the template when it knows tools, else through radixlm's
+default rendering (``tool_prompt``).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from radixlm.srt.openai_api.protocol import ChatMessage, OpenAIError
+from radixlm.srt.openai_api.tool_prompt import default_messages, native_messages, template_supports_tools
 
 # "developer" is OpenAI's newer name for the system role; templates only know "system".
 _ROLE_ALIASES = {"developer": "system"}
@@ -37,6 +40,21 @@ class ChatTemplate:
     def available(self) -> bool:
         return self.source is not None
 
+    @property
+    def text(self) -> Optional[str]:
+        """The Jinja source in use (a tokenizer's named templates: its ``default`` one)."""
+        if self.template is not None:
+            return self.template
+        own = getattr(self.tokenizer, "chat_template", None)
+        if isinstance(own, dict):
+            own = own.get("default") or next(iter(own.values()), None)
+        return own if isinstance(own, str) else None
+
+    @property
+    def supports_tools(self) -> bool:
+        """The template renders ``tools`` itself (else the default tool rendering applies)."""
+        return template_supports_tools(self.text)
+
     def render(self, messages: list[ChatMessage], continue_final_message: Optional[bool] = None,
                template_kwargs: Optional[dict[str, Any]] = None) -> tuple[str, list[int]]:
         """Return ``(prompt_text, prompt_ids)``: ``render_text`` then tokenizing (no special tokens
@@ -45,13 +63,17 @@ class ChatTemplate:
         return text, list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def render_text(self, messages: list[ChatMessage], continue_final_message: Optional[bool] = None,
-                    template_kwargs: Optional[dict[str, Any]] = None) -> str:
+                    template_kwargs: Optional[dict[str, Any]] = None, tools: Optional[list[Any]] = None,
+                    tool_parser: Any = None) -> str:
         """The prompt text of ``messages`` (the server tokenizes it off the event loop when large).
 
         Args:
             continue_final_message: continue the last (assistant) message instead of opening a new
                 assistant turn; ``None`` means "if the last message is from the assistant".
             template_kwargs: extra variables for the template (``chat_template_kwargs``).
+            tools: ``FunctionTool`` list the prompt offers (None/empty: none).
+            tool_parser: the ``ToolCallParser`` whose format the default rendering writes (needed
+                for tools or tool-use history with a template that does not know tools).
 
         Raises:
             OpenAIError(400): no template, a non-text content part, a bad prefill request, or a
@@ -62,6 +84,14 @@ class ChatTemplate:
                               "messages; start the server with --chat-template FILE (a Jinja template) "
                               "or use /v1/completions", 400, "messages", "chat_template_missing")
         plain = [_plain_message(m, i) for i, m in enumerate(messages)]
+        kwargs = dict(template_kwargs or {})
+        has_history = any(m.get("tool_calls") or m["role"] == "tool" for m in plain)
+        if self.supports_tools:
+            plain = native_messages(plain)
+            if tools:
+                kwargs["tools"] = [t.to_openai() for t in tools]
+        elif (tools or has_history) and tool_parser is not None:
+            plain = default_messages(plain, list(tools or []), tool_parser)
         last_is_assistant = plain[-1]["role"] == "assistant"
         cont = last_is_assistant if continue_final_message is None else continue_final_message
         if cont and not last_is_assistant:
@@ -70,7 +100,6 @@ class ChatTemplate:
         if cont and not plain[-1]["content"]:
             raise OpenAIError("continue_final_message needs a non-empty final assistant message",
                               400, "messages")
-        kwargs = dict(template_kwargs or {})
         for reserved in ("conversation", "tokenize", "chat_template", "add_generation_prompt",
                          "continue_final_message"):
             kwargs.pop(reserved, None)

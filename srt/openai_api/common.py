@@ -31,7 +31,10 @@ logger = logging.getLogger(__name__)
 @dataclasses.dataclass
 class ServingContext:
     """What the handlers need: the TokenizerManager, the tokenizer, the served model id, the
-    context length (tokens) and the ``system_fingerprint`` reported with every response."""
+    context length (tokens) and the ``system_fingerprint`` reported with every response; for chat
+    the template, the tool-call parser (``function_call.ToolCallParser``) and its grammar check
+    (``tool_request.ToolValidator``), the reasoning format (``reasoning_parser.ReasoningFormat``,
+    None: off) and whether the parser's markers are special tokens (kept in the text then)."""
 
     tm: Any
     tokenizer: Any
@@ -39,6 +42,10 @@ class ServingContext:
     context_len: int
     fingerprint: str
     chat_template: Any = None
+    tool_parser: Any = None
+    tool_validator: Any = None
+    reasoning: Any = None
+    tool_markers_special: bool = False
 
 
 def new_id(prefix: str) -> str:

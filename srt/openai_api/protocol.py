@@ -184,19 +184,51 @@ class ResponseFormat(_Strict):
     json_schema: Optional[JsonSchemaFormat] = None
 
 
+class FunctionDefinition(_Strict):
+    """``tools[i].function``: ``parameters`` is a JSON Schema of type object (absent: no arguments)."""
+
+    name: str
+    description: Optional[str] = None
+    parameters: Optional[dict[str, Any]] = None
+    strict: Optional[bool] = None
+
+
+class ChatTool(_Strict):
+    """One entry of ``tools``; only ``type: "function"`` exists."""
+
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+class FunctionName(_Strict):
+    name: str
+
+
+class NamedToolChoice(_Strict):
+    """``tool_choice: {"type": "function", "function": {"name": ...}}``: call exactly that function."""
+
+    type: Literal["function"] = "function"
+    function: FunctionName
+
+
 class ChatCompletionRequest(_SamplingRequest):
     """``POST /v1/chat/completions``. ``max_completion_tokens`` wins over ``max_tokens``; without
     either the reply may use the rest of the context. ``continue_final_message`` (default: the last
-    message is from the assistant) continues that message instead of opening a new turn."""
+    message is from the assistant) continues that message instead of opening a new turn.
+
+    Tools: ``tool_choice`` is ``none`` / ``auto`` (the default with tools) / ``required`` / a named
+    function; ``parallel_tool_calls`` (default true) allows more than one call. ``separate_reasoning``
+    (SGLang's; default true) puts a reasoning parser's split in ``reasoning_content``."""
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: Optional[int] = Field(default=None, ge=1)
     logprobs: Optional[bool] = False
     top_logprobs: Optional[int] = Field(default=None, ge=0, le=20)
     response_format: Optional[ResponseFormat] = None
-    tools: Optional[list[dict[str, Any]]] = None
-    tool_choice: Optional[Union[str, dict[str, Any]]] = None
+    tools: Optional[list[ChatTool]] = None
+    tool_choice: Optional[Union[str, NamedToolChoice]] = None  # the string is checked by tool_request
     parallel_tool_calls: Optional[bool] = None
+    separate_reasoning: Optional[bool] = None
     # The deprecated function-calling pair (``functions`` = tools of type function).
     functions: Optional[list[dict[str, Any]]] = None
     function_call: Optional[Union[str, dict[str, Any]]] = None
@@ -227,8 +259,12 @@ class ChoiceLogprobs(BaseModel):
 
 
 class ChatResponseMessage(BaseModel):
+    """``tool_calls``: ``[{"id", "type": "function", "function": {"name", "arguments"}}]`` (arguments
+    is JSON text); ``reasoning_content``: the reasoning parser's split (SGLang/vLLM's field)."""
+
     role: Literal["assistant"] = "assistant"
     content: Optional[str] = None
+    reasoning_content: Optional[str] = None
     refusal: Optional[str] = None
     tool_calls: Optional[list[dict[str, Any]]] = None
 
@@ -252,8 +288,14 @@ class ChatCompletionResponse(BaseModel):
 
 
 class DeltaMessage(BaseModel):
+    """A streamed piece. ``tool_calls[i]``: ``{"index", "id", "type", "function": {"name",
+    "arguments": ""}}`` first, then ``{"index", "function": {"arguments": fragment}}``. Unset
+    ``reasoning_content``/``tool_calls`` are left out of chunks (``ChatCompletionChunk.dump``)."""
+
     role: Optional[Literal["assistant"]] = None
     content: Optional[str] = None
+    reasoning_content: Optional[str] = None
+    tool_calls: Optional[list[dict[str, Any]]] = None
 
 
 class ChatStreamChoice(BaseModel):
@@ -272,6 +314,17 @@ class ChatCompletionChunk(BaseModel):
     system_fingerprint: Optional[str] = None
     choices: list[ChatStreamChoice]
     usage: Optional[UsageInfo] = None
+
+    def dump(self) -> dict[str, Any]:
+        """The wire dict: ``usage`` only when set, deltas without unset tool/reasoning fields."""
+        body = self.model_dump()
+        if self.usage is None:
+            body.pop("usage")
+        for choice in body["choices"]:
+            for key in ("reasoning_content", "tool_calls"):
+                if choice["delta"].get(key) is None:
+                    choice["delta"].pop(key, None)
+        return body
 
 
 # ---- models -----------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ content type still works and FastAPI's own 422 never appears.
 from __future__ import annotations
 
 import functools
+import logging
 import time
 from typing import Any, Awaitable, Callable
 
@@ -29,6 +30,9 @@ from radixlm.srt.openai_api.common import ServingContext, error_json
 from radixlm.srt.openai_api.completions import create_completion
 from radixlm.srt.openai_api.protocol import (ChatCompletionRequest, CompletionRequest, ModelCard, ModelList,
                                              OpenAIError)
+from radixlm.srt.openai_api.tool_request import ToolValidator
+
+logger = logging.getLogger(__name__)
 
 
 def _openai_errors(handler: Callable[..., Awaitable[Response]]) -> Callable[..., Awaitable[Response]]:
@@ -46,12 +50,37 @@ def _openai_errors(handler: Callable[..., Awaitable[Response]]) -> Callable[...,
     return wrapper
 
 
+def _tool_parser(server_args: Any, template: ChatTemplate) -> Any:
+    """``--tool-call-parser``, else the one the chat template writes, else the default format."""
+    from radixlm.srt.function_call import DEFAULT_TOOL_CALL_PARSER, create_tool_parser, detect_tool_parser
+
+    name = getattr(server_args, "tool_call_parser", None)
+    how = "--tool-call-parser"
+    if name is None:
+        name, how = detect_tool_parser(template.text), "the chat template"
+    if name is None:
+        name = DEFAULT_TOOL_CALL_PARSER
+        how = "the default (the chat template has no tool format)" if not template.supports_tools else \
+            "the default (the chat template's tool format is not recognised; set --tool-call-parser)"
+    logger.info("tool-call parser: %s (%s)", name, how)
+    return create_tool_parser(name)
+
+
+def _markers_are_special(parser: Any, tokenizer: Any) -> bool:
+    """Whether the parser's markers are special tokens (dropped from text by skip_special_tokens)."""
+    from radixlm.constrained.vocab import special_token_ids
+
+    specials = set(tokenizer.convert_ids_to_tokens(sorted(special_token_ids(tokenizer))))
+    return any(m in specials for m in getattr(parser, "markers", parser.openers))
+
+
 def create_openai_router(tm: Any, server_args: Any, model_info: dict, tokenizer: Any) -> APIRouter:
     """Build the ``/v1`` routes.
 
     Args:
         tm: the ``TokenizerManager`` (``prepare``, ``check_admission``, ``generate``, ``generate_stream``).
-        server_args: ``ServerArgs``; ``chat_template`` (a Jinja file) overrides the tokenizer's template.
+        server_args: ``ServerArgs``; ``chat_template`` (a Jinja file) overrides the tokenizer's template;
+            ``tool_call_parser``, ``reasoning_parser``, ``grammar_backend`` shape tool calling.
         model_info: the ``/get_model_info`` dict (``served_model_name``, ``model_path``, ``context_length``).
         tokenizer: the transformers tokenizer of the model.
 
@@ -62,9 +91,17 @@ def create_openai_router(tm: Any, server_args: Any, model_info: dict, tokenizer:
 
     context_len = int(model_info.get("context_length") or tm.context_len)
     name = str(model_info.get("served_model_name") or model_info.get("model_path") or "default")
+    from radixlm.srt.reasoning_parser import get_reasoning_format
+
+    template = ChatTemplate(tokenizer, getattr(server_args, "chat_template", None))
+    parser = _tool_parser(server_args, template)
+    reasoning = getattr(server_args, "reasoning_parser", None)
     ctx = ServingContext(tm=tm, tokenizer=tokenizer, model_name=name, context_len=context_len,
-                         fingerprint=f"fp_radixlm_{__version__}",
-                         chat_template=ChatTemplate(tokenizer, getattr(server_args, "chat_template", None)))
+                         fingerprint=f"fp_radixlm_{__version__}", chat_template=template, tool_parser=parser,
+                         tool_validator=ToolValidator(getattr(server_args, "grammar_backend", "xgrammar"),
+                                                      bool(getattr(server_args, "grammar_any_whitespace", False))),
+                         reasoning=get_reasoning_format(reasoning) if reasoning else None,
+                         tool_markers_special=_markers_are_special(parser, tokenizer))
     card = ModelCard(id=name, created=int(time.time()), root=str(model_info.get("model_path") or name),
                      max_model_len=context_len)
     router = APIRouter()

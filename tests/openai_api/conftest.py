@@ -3,6 +3,9 @@
 - ``stories_server``: stories260K with ``--chat-template chatml.jinja`` (the model has no template of
   its own), ``--api-key`` and ``--served-model-name stories260k``; completions and chat mechanics.
 - ``demo_server``: the SmolLM2 demo model (no ``--model-path``), for answers that must make sense.
+- ``tools_server``: stories260K with the Hermes-style ``hermes.jinja`` (tools in the system turn,
+  ``<tool_call>`` blocks, ``<think>`` opened when ``enable_thinking``) and ``--reasoning-parser qwen3``;
+  the tool-calling and reasoning tests.
 
 Each starts on first use (the demo server together with the stories one when the session will need
 both, so the two startups overlap) and stops cleanly, no child left, at the end of the package.
@@ -26,6 +29,7 @@ from tests.server.helpers import BASE_ARGS, START_TIMEOUT_S, ServerProcess, desc
 KEY = "openai-test-key"
 MODEL = "stories260k"
 TEMPLATE = Path(__file__).with_name("chatml.jinja")
+HERMES_TEMPLATE = Path(__file__).with_name("hermes.jinja")
 DEMO_ARGS = ["--max-total-tokens", "8192"]
 _WANTS_DEMO = pytest.StashKey[bool]()
 
@@ -91,6 +95,19 @@ def stories_server(stories_path, request, _demo_launcher):
         _demo_launcher()  # both start at once; the demo tests wait for it later
     server = _spawn(["--model-path", stories_path, *BASE_ARGS, "--chat-template", str(TEMPLATE),
                      "--api-key", KEY, "--served-model-name", MODEL], api_key=KEY)
+    try:
+        _ready(server)
+    except Exception:
+        os.unlink(server.log_path)
+        raise
+    yield server
+    _stop(server)
+
+
+@pytest.fixture(scope="package")
+def tools_server(stories_path):
+    server = _spawn(["--model-path", stories_path, *BASE_ARGS, "--chat-template", str(HERMES_TEMPLATE),
+                     "--reasoning-parser", "qwen3"])
     try:
         _ready(server)
     except Exception:

@@ -1,0 +1,59 @@
+"""In-process: a chat request's tool plan (mode, grammar, 400s) for each grammar backend."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from radixlm.srt.function_call import ReasoningGrammar, create_tool_parser
+from radixlm.srt.openai_api.protocol import ChatCompletionRequest, OpenAIError
+from radixlm.srt.openai_api.tool_request import ToolValidator, plan_tools, request_tools
+
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {
+    "type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}}}
+HERMES = create_tool_parser("hermes")
+
+
+def _plan(backend: str = "xgrammar", other=None, reasoning=None, **body):
+    req = ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "hi"}], **body})
+    return plan_tools(req, request_tools(req), HERMES, ToolValidator(backend), reasoning, other)
+
+
+def test_modes_and_their_grammars():
+    assert _plan().mode == "none" and _plan().structural_tag is None
+    auto = _plan(tools=[TOOL])
+    assert auto.mode == "auto" and json.loads(auto.structural_tag)["format"]["type"] == "triggered_tags"
+    required = json.loads(_plan(tools=[TOOL], tool_choice="required", parallel_tool_calls=False).structural_tag)
+    assert required["format"]["type"] == "tags_with_separator" and required["format"]["stop_after_first"]
+    named = json.loads(_plan(tools=[TOOL], tool_choice={"type": "function", "function": {"name": "f"}}).structural_tag)
+    assert named["format"]["type"] == "tag" and '"name": "f"' in named["format"]["begin"]
+    none = _plan(tools=[TOOL], tool_choice="none")
+    assert none.mode == "none" and not none.parse
+    inside = ReasoningGrammar("<think>", "</think>", True)
+    assert json.loads(_plan(tools=[TOOL], tool_choice="required", reasoning=inside).structural_tag)[
+        "format"]["type"] == "sequence"
+
+
+@pytest.mark.parametrize("backend", ["outlines", "none"])
+def test_without_structural_tags_auto_is_parsed_and_forced_modes_are_400(backend):
+    auto = _plan(backend, tools=[TOOL])
+    assert auto.parse and auto.structural_tag is None
+    with pytest.raises(OpenAIError, match="xgrammar") as e:
+        _plan(backend, tools=[TOOL], tool_choice="required")
+    assert e.value.status == 400 and e.value.param == "tool_choice"
+
+
+def test_another_constraint_wins_in_auto_and_conflicts_with_forced():
+    auto = _plan(other="regex", tools=[TOOL])
+    assert auto.parse and auto.structural_tag is None
+    with pytest.raises(OpenAIError, match="cannot be combined with regex"):
+        _plan(other="regex", tools=[TOOL], tool_choice="required")
+
+
+def test_validator_caches_accepted_tags_and_reports_bad_ones():
+    validator = ToolValidator("xgrammar", max_entries=2)
+    good = json.dumps({"type": "structural_tag", "format": {"type": "const_string", "value": "x"}})
+    assert validator.check(good) is None and validator.check(good) is None and len(validator._ok) == 1
+    bad = json.dumps({"type": "structural_tag", "format": {"type": "json_schema", "json_schema": {"type": "foo"}}})
+    assert "foo" in validator.check(bad) and len(validator._ok) == 1

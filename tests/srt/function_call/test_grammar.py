@@ -1,0 +1,150 @@
+"""Tool-call grammars: under each parser's structural tag every output parses into calls whose
+arguments validate, for every mode; in auto mode free text is free until the trigger, and from the
+trigger on only a whole valid call can follow. Decoding is driven by random logits (the grammar
+tests' driver), so validity comes from the grammar, not from a model."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+
+from radixlm.constrained import GrammarSpec
+from radixlm.srt.function_call import (FunctionTool, ReasoningGrammar, ToolCallStream, create_tool_parser,
+                                       tool_call_structural_tag)
+from radixlm.srt.function_call.pythonic_grammar import UnsupportedSchema, kwargs_grammar
+from tests.constrained.conftest import get_backend, load_model
+from tests.constrained.driver import generate
+
+WEATHER = FunctionTool("get_weather", {
+    "type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
+                                     "unit": {"enum": ["celsius", "fahrenheit"]}, "days": {"type": "integer"}},
+    "required": ["city", "unit"]})
+TIME = FunctionTool("get_time", {"type": "object", "properties": {"zone": {"type": "string", "maxLength": 8}},
+                                 "required": ["zone"]})
+NOARGS = FunctionTool("ping")
+TOOLS = {t.name: t for t in (WEATHER, TIME, NOARGS)}
+PARSERS = ["hermes", "llama3", "mistral", "pythonic"]
+
+
+def _compile(tag: dict):
+    backend = get_backend("xgrammar", "stories")
+    return backend, backend.compile(GrammarSpec("structural_tag", json.dumps(tag)))
+
+
+def _parse(parser: str, text: str):
+    s = ToolCallStream(create_tool_parser(parser))
+    s.feed(text)
+    s.finish()
+    return s.content, s.calls
+
+
+def _check_calls(calls, names=None) -> None:
+    for call in calls:
+        assert call.name in (names or TOOLS), call
+        jsonschema.validate(json.loads(call.arguments), TOOLS[call.name].parameters)
+
+
+@pytest.mark.parametrize("parser", PARSERS)
+@pytest.mark.parametrize("mode,parallel", [("named", False), ("required", False), ("required", True)])
+def test_forced_modes_give_only_valid_calls(parser: str, mode: str, parallel: bool) -> None:
+    model = load_model("stories")
+    tools = [WEATHER] if mode == "named" else [WEATHER, TIME, NOARGS]
+    tag = tool_call_structural_tag(create_tool_parser(parser), tools, mode, parallel)
+    backend, compiled = _compile(tag)
+    counts = set()
+    for seed in range(4):
+        gen = generate(backend.new_matcher(compiled), model.vocab_size, model.bias, seed, sample=True,
+                       temperature=1.0, max_steps=400)
+        assert gen.terminated, model.text(gen.ids)
+        content, calls = _parse(parser, model.text(gen.body))
+        assert content == "" and calls, model.text(gen.body)
+        _check_calls(calls, ["get_weather"] if mode == "named" else None)
+        counts.add(len(calls))
+    if not parallel:
+        assert counts == {1}
+
+
+def test_parallel_required_allows_several_calls() -> None:
+    """With parallel calls the grammar lets a second call follow; without, only the end."""
+    parser = create_tool_parser("hermes")
+    model = load_model("stories")
+    two = parser.render_calls([("get_time", {"zone": "CET"}), ("ping", {})])
+    for parallel, ok in ((True, True), (False, False)):
+        backend, compiled = _compile(tool_call_structural_tag(parser, [WEATHER, TIME, NOARGS], "required", parallel))
+        matcher = backend.new_matcher(compiled)
+        ids = model.tokenizer.encode("x" + two, add_special_tokens=False)[2:]  # drop "▁x": no leading space
+        assert model.text(ids) == two
+        assert all(matcher.accept_token(t) for t in ids) is ok
+
+
+@pytest.mark.parametrize("parser", PARSERS)
+def test_auto_free_text_then_a_forced_call_after_the_trigger(parser: str) -> None:
+    model = load_model("stories")
+    p = create_tool_parser(parser)
+    backend, compiled = _compile(tool_call_structural_tag(p, [WEATHER, TIME], "auto", parallel=False))
+    plain = backend.new_matcher(compiled)
+    text_ids = model.tokenizer.encode("Once upon a time, {x} 'y' \"z\" (1)", add_special_tokens=False)
+    if parser != "pythonic":  # its trigger is "[": any "[" starts a call
+        text_ids = model.tokenizer.encode("Once upon a time, [x] {x} \"z\" (1)", add_special_tokens=False)
+    assert all(plain.accept_token(t) for t in text_ids)  # any text before a call
+    assert plain.accept_token(model.eos[0]) and plain.is_terminated()  # and it may end there
+    for seed in range(4):
+        matcher = backend.new_matcher(compiled)
+        prefix = model.tokenizer.encode("Sure. " + p.trigger, add_special_tokens=False)
+        assert all(matcher.accept_token(t) for t in prefix)
+        gen = generate(matcher, model.vocab_size, model.bias, seed, sample=True, temperature=1.0, max_steps=400)
+        assert gen.terminated
+        content, calls = _parse(parser, model.text(prefix + gen.body))
+        assert content == "Sure." and len(calls) == 1, model.text(prefix + gen.body)
+        _check_calls(calls, ["get_weather", "get_time"])
+
+
+def test_auto_trigger_rejects_a_half_formed_call() -> None:
+    """After ``<tool_call>`` the model can neither stop nor write anything but a call."""
+    model = load_model("stories")
+    backend, compiled = _compile(tool_call_structural_tag(create_tool_parser("hermes"), [WEATHER], "auto", True))
+    matcher = backend.new_matcher(compiled)
+    assert all(matcher.accept_token(t) for t in model.tokenizer.encode("Hi <tool_call>", add_special_tokens=False))
+    assert not matcher.accept_token(model.eos[0])
+    bad = model.tokenizer.encode('x\n{"name": "nope"', add_special_tokens=False)[2:]
+    fork = matcher.copy()
+    assert not all(fork.accept_token(t) for t in bad)
+
+
+def test_reasoning_block_comes_first_and_is_free() -> None:
+    model = load_model("stories")
+    reasoning = ReasoningGrammar("<think>", "</think>", starts_inside=True)
+    tag = tool_call_structural_tag(create_tool_parser("hermes"), [TIME], "named", False, reasoning)
+    backend, compiled = _compile(tag)
+    assert not compiled.closes  # free reasoning text: JSON closing would be unsound
+    matcher = backend.new_matcher(compiled)
+    thought = model.tokenizer.encode('I "think" <tool_call> {', add_special_tokens=False)
+    assert all(matcher.accept_token(t) for t in thought) and not matcher.accept_token(model.eos[0])
+    rest = model.tokenizer.encode("x</think>\n\n", add_special_tokens=False)[2:]
+    assert all(matcher.accept_token(t) for t in rest)
+    gen = generate(matcher, model.vocab_size, model.bias, 0, max_steps=200)
+    assert gen.terminated
+    _, calls = _parse("hermes", model.text(gen.body))
+    assert [c.name for c in calls] == ["get_time"]
+
+
+def test_pythonic_grammar_rejects_schemas_it_cannot_express() -> None:
+    with pytest.raises(UnsupportedSchema, match="pattern"):
+        kwargs_grammar({"type": "object", "properties": {"a": {"type": "string", "pattern": "x"}}})
+    with pytest.raises(UnsupportedSchema, match="keyword argument"):
+        kwargs_grammar({"type": "object", "properties": {"not valid": {"type": "string"}}})
+    assert kwargs_grammar({"type": "object", "properties": {}}).startswith('root ::= ""')
+
+
+def test_forced_calls_skip_a_reasoning_block_the_prompt_did_not_open() -> None:
+    """Only auto lets the model open <think> itself; forced calls come at once and close in time."""
+    reasoning = ReasoningGrammar("<think>", "</think>", starts_inside=False)
+    parser = create_tool_parser("hermes")
+    forced = tool_call_structural_tag(parser, [TIME], "required", False, reasoning)
+    assert forced == tool_call_structural_tag(parser, [TIME], "required", False)
+    assert _compile(forced)[1].closes
+    auto = tool_call_structural_tag(parser, [TIME], "auto", False, reasoning)
+    assert auto["format"]["elements"][0] == {"type": "optional", "content": {
+        "type": "tag", "begin": "<think>", "content": {"type": "any_text"}, "end": "</think>"}}
