@@ -79,3 +79,19 @@ def test_bf16_matches_transformers_up_to_near_ties(stories_path, prompts_ids, so
               f"(gap {hf_gap:.4f})")
         assert min(our_gap, hf_gap) < NEAR_TIE, (k, our_gap, hf_gap)
     print(f"{divergences} of {len(solo)} prompts diverge from transformers bf16, all at near-ties")
+
+
+def test_bf16_cpu_kernel_output_does_not_depend_on_batching_or_caching(stories_path, prompts_ids):
+    """The C++ attention kernel computes a token the same way in prefill, chunk and decode: bf16
+    greedy output of a batch, with chunked prefill and a second (cached) pass, equals one at a time."""
+    from radixlm.kernels.cpu_extension import cpu_kernels_error
+
+    if cpu_kernels_error() is not None:
+        pytest.skip(cpu_kernels_error())
+    solo_engine = Engine(stories_path, dtype="bfloat16", max_total_tokens=8192, attention_backend="cpu")
+    alone = [solo_engine.generate(input_ids=ids, sampling_params=SP)["output_ids"] for ids in prompts_ids]
+    engine = Engine(stories_path, dtype="bfloat16", max_total_tokens=8192, attention_backend="cpu",
+                    chunked_prefill_size=8, page_size=4)
+    for _ in range(2):  # the second pass is served from the radix cache
+        assert [o["output_ids"] for o in engine.generate(input_ids=prompts_ids, sampling_params=SP)] == alone
+    assert_clean(engine)

@@ -51,7 +51,8 @@ VARIANTS = {
     "fcfs_page4_chunk8": {"schedule_policy": "fcfs", "page_size": 4, "chunked_prefill_size": 8},
     "no_radix_chunk8_page16": {"disable_radix_cache": True, "chunked_prefill_size": 8, "page_size": 16},
     "gemm_torch_native": {"gemm_backend": "torch_native"},  # the default is onednn's prepacked weights
-    "attn_torch_native_page16": {"attention_backend": "torch_native", "page_size": 16},  # default: cpu (C++ decode)
+    "attn_cpu": {"attention_backend": "cpu"},  # the C++ kernel (opt-in; auto is torch_native)
+    "attn_cpu_page16_chunk8": {"attention_backend": "cpu", "page_size": 16, "chunked_prefill_size": 8},
 }
 
 
