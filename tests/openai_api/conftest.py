@@ -57,6 +57,17 @@ def _ready(server: ServerProcess, timeout_s: float = START_TIMEOUT_S) -> ServerP
     return server
 
 
+def _serving(server: ServerProcess):
+    """Wait for ``server`` to be healthy, yield it, then stop it; its log file is removed either way."""
+    try:
+        _ready(server)
+    except Exception:
+        os.unlink(server.log_path)
+        raise
+    yield server
+    _stop(server)
+
+
 def _stop(server: ServerProcess) -> None:
     try:
         assert server.stop() == 0, server.log()[-3000:]
@@ -95,26 +106,14 @@ def stories_server(stories_path, request, _demo_launcher):
         _demo_launcher()  # both start at once; the demo tests wait for it later
     server = _spawn(["--model-path", stories_path, *BASE_ARGS, "--chat-template", str(TEMPLATE),
                      "--api-key", KEY, "--served-model-name", MODEL], api_key=KEY)
-    try:
-        _ready(server)
-    except Exception:
-        os.unlink(server.log_path)
-        raise
-    yield server
-    _stop(server)
+    yield from _serving(server)
 
 
 @pytest.fixture(scope="package")
 def tools_server(stories_path):
     server = _spawn(["--model-path", stories_path, *BASE_ARGS, "--chat-template", str(HERMES_TEMPLATE),
                      "--reasoning-parser", "qwen3"])
-    try:
-        _ready(server)
-    except Exception:
-        os.unlink(server.log_path)
-        raise
-    yield server
-    _stop(server)
+    yield from _serving(server)
 
 
 @pytest.fixture(scope="package")
