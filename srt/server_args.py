@@ -67,9 +67,9 @@ class ServerArgs:
     schedule_conservativeness: float = field(default=1.0, metadata={"help": "scales the decode-memory reservation"})
     disable_radix_cache: bool = field(default=False, metadata={"help": "turn prefix caching off"})
     attention_backend: str = field(default="auto", metadata={"help": (
-        "auto|torch_native|cpu|flashinfer; auto = flashinfer on CUDA when installed, else torch_native; cpu = "
-        "one C++ kernel call per layer (compiled on first use): faster decode without shared prefixes, slower "
-        "with them")})
+        "auto|torch_native|cpu|flashinfer; auto = cpu on CPU (one C++ kernel call per layer, cascade over shared "
+        "prefixes, compiled on first use; torch_native when no compiler), flashinfer on CUDA when installed, "
+        "else torch_native")})
     gemm_backend: str = field(default="auto", metadata={"help": (
         "linear layers: auto|torch_native|onednn; auto = onednn (weights prepacked once into oneDNN's "
         "blocked layout) on a CPU where oneDNN supports the dtype, else torch_native (F.linear)")})

@@ -2,22 +2,32 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 
 def create_attention_backend(name: str, device: str, dtype: Any = None, **kwargs: Any):
     """Return an ``AttentionBackend``. ``auto`` picks flashinfer on CUDA when it is installed and
-    supports the head size and dtype, else torch_native. The ``cpu`` C++ kernel is opt-in: it decodes
-    faster without shared prefixes (SmolLM2, batch 32 over 512-token contexts: 1.33x), but loses to
-    torch_native's cascade blocks on shared-prefix batches (64 requests on 4 prefixes of 512 tokens:
-    prefill 20.2 vs 11.2 s, decode 514 vs 369 ms/step; docs/benchmarks.md).
+    supports the head size and dtype, else torch_native; on CPU it picks the ``cpu`` C++ kernel
+    (built on first use; docs/benchmarks.md has its figures against torch_native), falling back to
+    torch_native with a warning when the kernel cannot be built here (no C++ compiler).
 
     Raises:
         ValueError: an unknown name, or flashinfer asked for where it cannot run.
     """
     if name == "auto":
         name = "torch_native"
-        if device.startswith("cuda"):
+        if device == "cpu":
+            from radixlm.kernels.cpu_extension import cpu_kernels_error
+
+            error = cpu_kernels_error()
+            if error is None:
+                name = "cpu"
+            else:
+                logger.warning("attention: the C++ CPU kernel is unavailable (%s); using torch_native", error)
+        elif device.startswith("cuda"):
             try:
                 import flashinfer  # noqa: F401
 

@@ -11,6 +11,11 @@ token's attention output is bitwise the same in a prefill, a chunk, a decode ste
 greedy output does not depend on batching, chunking or radix-cache hits, in bf16 as in fp32
 (SGLang's ``--enable-deterministic-inference`` property, here by construction and at no cost).
 
+Shared prefixes (radix-cache hits on one prefix) run as cascade: the kernel reads each group's
+prefix K/V once for all of the group's queries (``kernels/attention/cascade.py`` finds the groups;
+the shared length is cut to a multiple of the kernel's 128-key block, which keeps the output bitwise
+the same as without cascade).
+
 The KV pool is head-major (``KVPool`` layout ``"HND"``), as for torch_native.
 """
 
@@ -21,10 +26,14 @@ from typing import TYPE_CHECKING
 import torch
 
 from radixlm.kernels.attention.base import AttentionBackend
+from radixlm.kernels.attention.cascade import shared_prefix_groups
 from radixlm.kernels.cpu_extension import load_cpu_kernels
 
 if TYPE_CHECKING:
     from radixlm.srt.forward_batch import ForwardBatch
+
+# The kernel's key block (BLOCK in cpu/paged_attention.cpp): cascade prefixes are whole blocks.
+KERNEL_BLOCK = 128
 
 
 class CpuAttnBackend(AttentionBackend):
@@ -45,9 +54,17 @@ class CpuAttnBackend(AttentionBackend):
 
     def init_forward_metadata(self, forward_batch: "ForwardBatch") -> None:
         fb = forward_batch
-        # (prefix_lens, extend_lens), (B,) int64 each
-        fb.attn_metadata = (torch.tensor(fb.prefix_lens, dtype=torch.int64),
-                            torch.tensor(fb.extend_lens, dtype=torch.int64))
+        groups = [(p, idx) for p, idx in shared_prefix_groups(fb, KERNEL_BLOCK, align=KERNEL_BLOCK) if p > 0]
+        offsets = [0]
+        for _, idx in groups:
+            offsets.append(offsets[-1] + len(idx))
+
+        def ints(values: list[int]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.int64)
+
+        # prefix_lens, extend_lens (B,); cascade_reqs (N,), cascade_offsets (G + 1,), cascade_lens (G,)
+        fb.attn_metadata = (ints(fb.prefix_lens), ints(fb.extend_lens), ints([i for _, idx in groups for i in idx]),
+                            ints(offsets), ints([p for p, _ in groups]))
 
     def forward_extend(self, q, k, v, layer_id, forward_batch):
         return self._attend(q, k, v, layer_id, forward_batch)
@@ -59,10 +76,9 @@ class CpuAttnBackend(AttentionBackend):
                 fb: "ForwardBatch") -> torch.Tensor:
         k_buf, v_buf = fb.kv_pool.get_kv(layer_id)
         t = q.shape[0]
-        prefix_lens, extend_lens = fb.attn_metadata
         out = self._op(q.reshape(t, self.num_heads, self.head_dim).contiguous(),
                        k.reshape(t, self.num_kv_heads, self.head_dim).contiguous(),
                        v.reshape(t, self.num_kv_heads, self.head_dim).contiguous(),
                        k_buf, v_buf, fb.out_cache_loc, fb.req_to_token_pool.req_to_token, fb.req_pool_indices,
-                       prefix_lens, extend_lens, self.scaling)
+                       *fb.attn_metadata, self.scaling)
         return out.view(t, -1)

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Optional
 import torch
 
 from radixlm.kernels.attention.base import AttentionBackend
+from radixlm.kernels.attention.cascade import shared_prefix_groups
 
 if TYPE_CHECKING:
     from radixlm.srt.forward_batch import ForwardBatch
@@ -126,7 +127,7 @@ class TorchNativeAttnBackend(AttentionBackend):
         for e in fb.extend_lens:
             starts.append(starts[-1] + e)
         blocks = []
-        for shared, idx in self._shared_prefix_groups(fb):
+        for shared, idx in shared_prefix_groups(fb, CASCADE_MIN_PREFIX):
             sub = plan_blocks([fb.prefix_lens[i] - shared for i in idx], [fb.extend_lens[i] for i in idx])
             blocks += [(shared, sorted(idx[j] for j in b)) for b in sub]
         fb.attn_metadata = [self._block(fb, idx, starts, shared) for shared, idx in blocks]
@@ -134,35 +135,6 @@ class TorchNativeAttnBackend(AttentionBackend):
         for b in fb.attn_metadata:
             sizes = [b.slots.numel()] * 2 + ([b.prefix_slots.numel()] * 2 if b.prefix_slots is not None else [])
             b.work = [k_buf.new_empty(self.num_kv_heads, n, self.head_dim) for n in sizes]
-
-    @staticmethod
-    def _shared_prefix_groups(fb: "ForwardBatch") -> list[tuple[int, list[int]]]:
-        """(P, request indices): groups whose first P >= CASCADE_MIN_PREFIX KV slots are identical
-        (P <= each member's prefix_len, so no query falls inside it), then the rest with P = 0."""
-        bs = fb.batch_size
-        eligible = [i for i in range(bs) if fb.prefix_lens[i] >= CASCADE_MIN_PREFIX]
-        if len(eligible) < 2:
-            return [(0, list(range(bs)))]
-        table = fb.req_to_token_pool.req_to_token
-        rows = fb.req_pool_indices
-        first = table[:, 0].index_select(0, rows).tolist()
-        by_first: dict[int, list[int]] = {}
-        for i in eligible:
-            by_first.setdefault(first[i], []).append(i)
-        groups, rest = [], [i for i in range(bs) if fb.prefix_lens[i] < CASCADE_MIN_PREFIX]
-        for members in by_first.values():
-            limit = min(fb.prefix_lens[i] for i in members)
-            if len(members) > 1:
-                block = table[:, :limit].index_select(0, rows.index_select(0, _tensor(members, rows.device)))
-                differs = (block != block[:1]).any(0).nonzero()
-                shared = int(differs[0]) if differs.numel() else limit
-                if shared >= CASCADE_MIN_PREFIX:
-                    groups.append((shared, members))
-                    continue
-            rest += members
-        if rest:
-            groups.append((0, rest))
-        return groups
 
     def _block(self, fb: "ForwardBatch", idx: list[int], starts: list[int], shared: int) -> AttnBlock:
         dev = fb.req_pool_indices.device

@@ -51,8 +51,9 @@ VARIANTS = {
     "fcfs_page4_chunk8": {"schedule_policy": "fcfs", "page_size": 4, "chunked_prefill_size": 8},
     "no_radix_chunk8_page16": {"disable_radix_cache": True, "chunked_prefill_size": 8, "page_size": 16},
     "gemm_torch_native": {"gemm_backend": "torch_native"},  # the default is onednn's prepacked weights
-    "attn_cpu": {"attention_backend": "cpu"},  # the C++ kernel (opt-in; auto is torch_native)
-    "attn_cpu_page16_chunk8": {"attention_backend": "cpu", "page_size": 16, "chunked_prefill_size": 8},
+    # auto on CPU is the C++ kernel; torch_native (the oracle's algorithm, and the fallback) explicitly
+    "attn_torch_native": {"attention_backend": "torch_native"},
+    "attn_torch_native_page16_chunk8": {"attention_backend": "torch_native", "page_size": 16, "chunked_prefill_size": 8},
 }
 
 

@@ -133,11 +133,68 @@ def test_bad_indices_raise_instead_of_reading_out_of_bounds():
     q, kn = torch.randn(1, 4, 16), torch.randn(1, 2, 16)
     table = torch.zeros(2, 8, dtype=torch.int64)
     zero, one = torch.zeros(1, dtype=torch.int64), torch.ones(1, dtype=torch.int64)
+    none = [torch.zeros(0, dtype=torch.int64), zero, torch.zeros(0, dtype=torch.int64)]  # no cascade groups
     with pytest.raises(RuntimeError, match="outside the KV pool"):
-        op(q, kn, kn, kc, vc, torch.tensor([10]), table, zero, zero, one, 0.25)
+        op(q, kn, kn, kc, vc, torch.tensor([10]), table, zero, zero, one, *none, 0.25)
     with pytest.raises(RuntimeError, match="prefix_len"):
-        op(q, kn, kn, kc, vc, one, table, zero, one * 8, one, 0.25)
+        op(q, kn, kn, kc, vc, one, table, zero, one * 8, one, *none, 0.25)
     with pytest.raises(RuntimeError, match="extend_lens sum"):
-        op(q, kn, kn, kc, vc, one, table, zero, zero, one * 2, 0.25)
+        op(q, kn, kn, kc, vc, one, table, zero, zero, one * 2, *none, 0.25)
     with pytest.raises(RuntimeError, match="share a dtype"):
-        op(q.double(), kn, kn, kc, vc, one, table, zero, zero, one, 0.25)
+        op(q.double(), kn, kn, kc, vc, one, table, zero, zero, one, *none, 0.25)
+    with pytest.raises(RuntimeError, match="not a positive multiple"):
+        op(q, kn, kn, kc, vc, one, table, zero, zero, one, zero, torch.tensor([0, 1]), torch.tensor([64]), 0.25)
+
+
+def _cascade_setup(page_size):
+    """Three groups of requests on cached prefixes of 300, 256 and 130 tokens, two loners, extended
+    then decoded; returns (setup, reqs, extend batch)."""
+    rng = random.Random(page_size)
+    setup = setup_for(page_size, 3, 64)
+    prefixes = [[rng.randrange(3, 500) for _ in range(n)] for n in (300, 256, 130)]
+    for p in prefixes:
+        cache_prompt(setup, p)
+    prompts = [p + [rng.randrange(3, 500) for _ in range(rng.randrange(1, 40))] for p in prefixes for _ in range(3)]
+    prompts += [[rng.randrange(3, 500) for _ in range(200)], [5, 6, 7]]
+    reqs, batch = schedule_extend(setup, prompts)
+    return setup, reqs, batch
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_cascade_reads_a_shared_prefix_once_and_gives_the_same_bits(page_size):
+    """Groups sharing >= 128 cached slots run the kernel's cascade pass; the output is bitwise what the
+    per-request pass gives (whole 128-key blocks, the same per-row steps), extend and decode."""
+    heads, kvh, d = 9, 3, 64
+    setup, reqs, batch = _cascade_setup(page_size)
+    backend = CpuAttnBackend(heads, kvh, d, d ** -0.5)
+    for step in range(3):
+        fb = ForwardBatch.init_new(batch, setup.req_to_token_pool, setup.kv_pool, backend, CPU)
+        prefix_lens, extend_lens, cascade_reqs, offsets, lens = fb.attn_metadata
+        assert len(lens) == 3 and all(n % 128 == 0 and n >= 128 for n in lens.tolist())
+        assert sorted(torch.diff(offsets).tolist()) == [3, 3, 3]
+        q, k, v = qkv(len(batch.input_ids), heads, kvh, d, seed=10 + step)
+        before = [b.clone() for b in setup.kv_pool.get_kv(0)]
+        with_cascade = backend.forward(q, k, v, 0, fb)
+        for buf, saved in zip(setup.kv_pool.get_kv(0), before):
+            buf.copy_(saved)
+        fb.attn_metadata = (prefix_lens, extend_lens, torch.zeros(0, dtype=torch.int64),
+                            torch.zeros(1, dtype=torch.int64), torch.zeros(0, dtype=torch.int64))
+        plain = backend.forward(q, k, v, 0, fb)
+        assert torch.equal(with_cascade, plain)
+        ref = reference(setup, batch, q, heads=heads, kv_heads=kvh, d=d)
+        torch.testing.assert_close(with_cascade.double(), ref, atol=1e-5, rtol=1e-5)
+        finish_step(reqs)
+        batch = schedule_decode(setup, reqs)
+
+
+def test_cascade_groups_that_do_not_share_their_slots_are_refused():
+    heads, kvh, d = 9, 3, 64
+    setup, reqs, batch = _cascade_setup(1)
+    backend = CpuAttnBackend(heads, kvh, d, d ** -0.5)
+    fb = ForwardBatch.init_new(batch, setup.req_to_token_pool, setup.kv_pool, backend, CPU)
+    prefix_lens, extend_lens, *_ = fb.attn_metadata
+    loner = len(reqs) - 2  # the 200-token request shares nothing with request 0
+    fb.attn_metadata = (prefix_lens, extend_lens, torch.tensor([0, loner]), torch.tensor([0, 2]), torch.tensor([128]))
+    q, k, v = qkv(len(batch.input_ids), heads, kvh, d, seed=1)
+    with pytest.raises(RuntimeError, match="longer than request|does not share"):
+        backend.forward(q, k, v, 0, fb)

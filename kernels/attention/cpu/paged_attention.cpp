@@ -9,10 +9,19 @@
 // (at::parallel_for, so the thread count and wait policy are the process's). An item computes the
 // rows x G (= H / KVH) query vectors that share the KV head, so a K/V row is loaded once for all of
 // them, in blocks of BLOCK keys:
-// scores = q . k (fp32), a running max and normaliser per head (online softmax, Milakov & Gimelshein
-// 2018; FlashDecoding), then acc += p * v. K/V may be fp32, bf16 or fp16; arithmetic is fp32.
+// scores = q . k (fp32; K transposed per block so a vector of keys' scores is one chain of FMAs), a
+// running max and normaliser per head (online softmax, Milakov & Gimelshein 2018; FlashDecoding),
+// then acc += p * v. K/V may be fp32, bf16 or fp16; arithmetic is fp32.
 // Vectorised with ATen's at::vec (AVX2 / AVX-512 chosen by the CPU_CAPABILITY macros at build time);
 // exp is Sleef's 1-ulp expf, as torch's own softmax uses.
+//
+// Cascade (shared prefixes; Hydragen, Juravsky et al. 2024; FlashInfer's cascade wrappers): requests
+// whose req_to_token rows start with the same P slots (radix-cache hits on one prefix; P a multiple
+// of BLOCK) are given as groups. A first pass walks each group's prefix blocks once for all of the
+// group's query rows together, so a prefix K/V block is read from memory once per group instead of
+// once per request, and leaves every row's online-softmax state (max, normaliser, accumulator); the
+// second pass continues each request from that state over its own keys. The blocks and the per-row
+// operations are the same as without cascade, so the output is bitwise the same.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -21,6 +30,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -30,6 +40,7 @@ namespace {
 using Vec = at::vec::Vectorized<float>;
 constexpr int64_t BLOCK = 128;   // keys per softmax block
 constexpr int64_t TILE = 16;     // query rows of one request per work item (they share K/V loads)
+constexpr int64_t SHARED_TILE = 32;  // query rows (any requests of a group) per cascade work item
 
 // Row of D elements as fp32: fp32 rows are used in place, others converted into `buf`.
 template <typename T>
@@ -43,26 +54,6 @@ inline const float* as_float(const T* row, float* buf, int64_t d) {
 }
 template <>
 inline const float* as_float<float>(const float* row, float*, int64_t) { return row; }
-
-inline float dot(const float* a, const float* b, int64_t d) {
-  Vec acc(0.f);
-  int64_t i = 0;
-  for (; i + Vec::size() <= d; i += Vec::size()) {
-    acc = at::vec::fmadd(Vec::loadu(a + i), Vec::loadu(b + i), acc);
-  }
-  float s = at::vec::vec_reduce_all<float>([](Vec& x, Vec& y) { return x + y; }, acc);
-  for (; i < d; ++i) s += a[i] * b[i];
-  return s;
-}
-
-inline void axpy(float* y, float a, const float* x, int64_t d) {  // y += a * x
-  const Vec va(a);
-  int64_t i = 0;
-  for (; i + Vec::size() <= d; i += Vec::size()) {
-    at::vec::fmadd(va, Vec::loadu(x + i), Vec::loadu(y + i)).store(y + i);
-  }
-  for (; i < d; ++i) y[i] += a * x[i];
-}
 
 inline void scale(float* y, float a, int64_t d) {
   const Vec va(a);
@@ -122,76 +113,226 @@ struct Item {
   int64_t b, h, row0, rows, cost;
 };
 
-// Attention of query rows [row0, row0 + rows) of request b over KV head h. Row i of the request sits
-// at position prefix + i and sees keys [0, prefix + i]. Every row runs the same sequence of
-// operations whatever tile, batch or step it is in (key blocks at multiples of BLOCK, the same
-// reductions), so a token's output is bitwise the same in a prefill, a prefill chunk, a decode step
-// or any batch: the kernel is batch-invariant and extend/decode-consistent by construction.
+// Online-softmax state of one query vector: running max, normaliser and (unnormalised) accumulator.
+struct RowState {
+  float* m;    // (T * H,)
+  float* l;    // (T * H,)
+  float* acc;  // (T * H, D)
+};
+
+// Keys [j0, j0 + n) of one KV head: K transposed into kT (D, BLOCK) fp32, zero-padded to a whole
+// vector of keys, and pointers to the fp32 V rows (converted into vblock unless the pool is fp32).
 template <typename T>
-void attend_item(const Item& it, const T* qp, const T* kp, const T* vp, const int64_t* slot_row, int64_t prefix,
-                 int64_t q_row0, int64_t heads, int64_t group, int64_t d, int64_t slots, float scaling, T* op,
-                 std::vector<float>& qf, std::vector<float>& acc, std::vector<float>& kblock,
-                 std::vector<float>& vblock, std::vector<float>& scores, std::vector<float>& m, std::vector<float>& l) {
-  const int64_t nq = it.rows * group;  // query vectors in this item
-  for (int64_t r = 0; r < it.rows; ++r) {
+inline void load_block(const T* kh, const T* vh, const int64_t* slot_row, int64_t j0, int64_t n, int64_t d,
+                       float* kT, std::vector<float>& vblock, const float** vrows) {
+  for (int64_t j = 0; j < n; ++j) {
+    const int64_t slot = slot_row[j0 + j];
+    const T* kr = kh + slot * d;
+    for (int64_t i = 0; i < d; ++i) kT[i * BLOCK + j] = static_cast<float>(kr[i]);
+    vrows[j] = as_float<T>(vh + slot * d, vblock.data() + j * d, d);
+  }
+  const int64_t padded = (n + Vec::size() - 1) / Vec::size() * Vec::size();
+  for (int64_t i = 0; i < d; ++i) std::fill(kT + i * BLOCK + n, kT + i * BLOCK + padded, 0.f);
+}
+
+// s[jv .. jv + NV * Vec::size()) = q . k for NV vectors of keys: a chain of fused multiply-adds over
+// the head dimension per score, the same chain whatever NV is.
+template <int NV>
+inline void scores_vec(const float* qv, const float* kT, int64_t jv, int64_t d, float* s) {
+  Vec acc[NV];
+  for (int v = 0; v < NV; ++v) acc[v] = Vec(0.f);
+  for (int64_t i = 0; i < d; ++i) {
+    const Vec qi(qv[i]);
+    const float* row = kT + i * BLOCK + jv;
+    for (int v = 0; v < NV; ++v) acc[v] = at::vec::fmadd(qi, Vec::loadu(row + v * Vec::size()), acc[v]);
+  }
+  for (int v = 0; v < NV; ++v) acc[v].store(s + jv + v * Vec::size());
+}
+
+// a[c .. c + NV * Vec::size()) += sum_j p[j] * v_j[...]: one multiply-add chain over the keys per
+// element, the same chain whatever NV is.
+template <int NV>
+inline void accumulate_vec(float* a, const float* p, const float* const* vrows, int64_t n, int64_t c) {
+  Vec acc[NV];
+  for (int v = 0; v < NV; ++v) acc[v] = Vec::loadu(a + c + v * Vec::size());
+  for (int64_t j = 0; j < n; ++j) {
+    const Vec pj(p[j]);
+    for (int v = 0; v < NV; ++v) acc[v] = at::vec::fmadd(pj, Vec::loadu(vrows[j] + c + v * Vec::size()), acc[v]);
+  }
+  for (int v = 0; v < NV; ++v) acc[v].store(a + c + v * Vec::size());
+}
+
+// One key block for one query vector qv: the step every query runs for every block it sees, in
+// every pass, so where a row is computed never changes its result. kT is the block's transposed K.
+inline void block_step(const float* qv, const float* kT, const float* const* vrows, int64_t n, int64_t d, float* s,
+                       float& m, float& l, float* a) {
+  constexpr int64_t W = Vec::size();
+  int64_t jv = 0;
+  for (; jv + 4 * W <= n; jv += 4 * W) scores_vec<4>(qv, kT, jv, d, s);
+  for (; jv < n; jv += W) scores_vec<1>(qv, kT, jv, d, s);  // pad keys are zeros; their scores unused
+  const float bmax = *std::max_element(s, s + n);
+  const float mnew = std::max(m, bmax);
+  if (m != -std::numeric_limits<float>::infinity() && mnew != m) {
+    const float corr = std::exp(m - mnew);
+    l *= corr;
+    scale(a, corr, d);
+  }
+  m = mnew;
+  l += exp_sub_sum(s, mnew, n);
+  int64_t c = 0;
+  for (; c + 4 * W <= d; c += 4 * W) accumulate_vec<4>(a, s, vrows, n, c);
+  for (; c + W <= d; c += W) accumulate_vec<1>(a, s, vrows, n, c);
+  for (; c < d; ++c) {
+    float x = a[c];
+    for (int64_t j = 0; j < n; ++j) x = std::fma(s[j], vrows[j][c], x);
+    a[c] = x;
+  }
+}
+
+// Query vectors of flat rows `qrows[0..n)` for KV head h, scaled, into qf (n * G, D).
+template <typename T>
+inline void load_queries(const T* qp, const int64_t* qrows, int64_t n, int64_t h, int64_t heads, int64_t group,
+                         int64_t d, float scaling, std::vector<float>& qf) {
+  for (int64_t r = 0; r < n; ++r) {
     for (int64_t g = 0; g < group; ++g) {
-      const T* src = qp + ((q_row0 + it.row0 + r) * heads + it.h * group + g) * d;
+      const T* src = qp + (qrows[r] * heads + h * group + g) * d;
       float* dst = qf.data() + (r * group + g) * d;
       for (int64_t i = 0; i < d; ++i) dst[i] = static_cast<float>(src[i]) * scaling;
     }
   }
-  std::fill(m.begin(), m.begin() + nq, -std::numeric_limits<float>::infinity());
-  std::fill(l.begin(), l.begin() + nq, 0.f);
-  std::fill(acc.begin(), acc.begin() + nq * d, 0.f);
+}
+
+// Cascade first pass: the shared prefix (keys [0, plen), whole blocks) of one group for query rows
+// qrows[0..n) over KV head h; every row sees all of it. Leaves each query vector's state in `st`.
+template <typename T>
+void attend_shared(const int64_t* qrows, int64_t n, int64_t h, const T* qp, const T* kp, const T* vp,
+                   const int64_t* slot_row, int64_t plen, int64_t heads, int64_t group, int64_t d, int64_t slots,
+                   float scaling, RowState st, std::vector<float>& qf, std::vector<float>& kblock,
+                   std::vector<float>& vblock, std::vector<float>& scores) {
+  load_queries<T>(qp, qrows, n, h, heads, group, d, scaling, qf);
+  for (int64_t r = 0; r < n; ++r) {
+    for (int64_t g = 0; g < group; ++g) {
+      const int64_t sq = qrows[r] * heads + h * group + g;
+      st.m[sq] = -std::numeric_limits<float>::infinity();
+      st.l[sq] = 0.f;
+      std::fill(st.acc + sq * d, st.acc + (sq + 1) * d, 0.f);
+    }
+  }
+  const T* kh = kp + h * slots * d;
+  const T* vh = vp + h * slots * d;
+  for (int64_t j0 = 0; j0 < plen; j0 += BLOCK) {
+    const float* vrows[BLOCK];
+    load_block<T>(kh, vh, slot_row, j0, BLOCK, d, kblock.data(), vblock, vrows);
+    for (int64_t r = 0; r < n; ++r) {
+      for (int64_t g = 0; g < group; ++g) {
+        const int64_t sq = qrows[r] * heads + h * group + g;
+        block_step(qf.data() + (r * group + g) * d, kblock.data(), vrows, BLOCK, d, scores.data(), st.m[sq], st.l[sq],
+                   st.acc + sq * d);
+      }
+    }
+  }
+}
+
+// Attention of query rows [row0, row0 + rows) of request b over KV head h. Row i of the request sits
+// at position prefix + i and sees keys [0, prefix + i]. Keys before `key_begin` (a multiple of BLOCK,
+// 0 without cascade) were done by the cascade pass, whose state in `st` the rows continue from.
+// Every row runs the same sequence of operations whatever tile, batch, pass or step it is in (key
+// blocks at multiples of BLOCK, the same reductions), so a token's output is bitwise the same in a
+// prefill, a prefill chunk, a decode step or any batch: the kernel is batch-invariant and
+// extend/decode-consistent by construction.
+template <typename T>
+void attend_item(const Item& it, const T* qp, const T* kp, const T* vp, const int64_t* slot_row, int64_t prefix,
+                 int64_t key_begin, int64_t q_row0, int64_t heads, int64_t group, int64_t d, int64_t slots,
+                 float scaling, RowState st, T* op, std::vector<float>& qf, std::vector<float>& acc,
+                 std::vector<float>& kblock, std::vector<float>& vblock, std::vector<float>& scores,
+                 std::vector<float>& m, std::vector<float>& l) {
+  const int64_t nq = it.rows * group;  // query vectors in this item
+  int64_t qrows[TILE];
+  for (int64_t r = 0; r < it.rows; ++r) qrows[r] = q_row0 + it.row0 + r;
+  load_queries<T>(qp, qrows, it.rows, it.h, heads, group, d, scaling, qf);
+  if (key_begin == 0) {
+    std::fill(m.begin(), m.begin() + nq, -std::numeric_limits<float>::infinity());
+    std::fill(l.begin(), l.begin() + nq, 0.f);
+    std::fill(acc.begin(), acc.begin() + nq * d, 0.f);
+  } else {
+    for (int64_t r = 0; r < it.rows; ++r) {
+      for (int64_t g = 0; g < group; ++g) {
+        const int64_t qi = r * group + g, sq = qrows[r] * heads + it.h * group + g;
+        m[qi] = st.m[sq];
+        l[qi] = st.l[sq];
+        std::copy(st.acc + sq * d, st.acc + (sq + 1) * d, acc.data() + qi * d);
+      }
+    }
+  }
   const T* kh = kp + it.h * slots * d;
   const T* vh = vp + it.h * slots * d;
   const int64_t last_len = prefix + it.row0 + it.rows;  // keys seen by the item's last row
-  for (int64_t j0 = 0; j0 < last_len; j0 += BLOCK) {
+  for (int64_t j0 = key_begin; j0 < last_len; j0 += BLOCK) {
     const int64_t nblock = std::min(BLOCK, last_len - j0);
-    const float* krows[BLOCK];
     const float* vrows[BLOCK];
-    for (int64_t j = 0; j < nblock; ++j) {
-      const int64_t slot = slot_row[j0 + j];
-      krows[j] = as_float<T>(kh + slot * d, kblock.data() + j * d, d);
-      vrows[j] = as_float<T>(vh + slot * d, vblock.data() + j * d, d);
-    }
+    load_block<T>(kh, vh, slot_row, j0, nblock, d, kblock.data(), vblock, vrows);
     for (int64_t r = 0; r < it.rows; ++r) {
       const int64_t len = prefix + it.row0 + r + 1;
       if (len <= j0) continue;
       const int64_t n = std::min(BLOCK, len - j0);
       for (int64_t g = 0; g < group; ++g) {
         const int64_t qi = r * group + g;
-        const float* qv = qf.data() + qi * d;
-        float* s = scores.data();
-        for (int64_t j = 0; j < n; ++j) s[j] = dot(qv, krows[j], d);
-        const float bmax = *std::max_element(s, s + n);
-        const float mnew = std::max(m[qi], bmax);
-        float* a = acc.data() + qi * d;
-        if (m[qi] != -std::numeric_limits<float>::infinity() && mnew != m[qi]) {
-          const float corr = std::exp(m[qi] - mnew);
-          l[qi] *= corr;
-          scale(a, corr, d);
-        }
-        m[qi] = mnew;
-        l[qi] += exp_sub_sum(s, mnew, n);
-        for (int64_t j = 0; j < n; ++j) axpy(a, s[j], vrows[j], d);
+        block_step(qf.data() + qi * d, kblock.data(), vrows, n, d, scores.data(), m[qi], l[qi], acc.data() + qi * d);
       }
     }
   }
   for (int64_t r = 0; r < it.rows; ++r) {
     for (int64_t g = 0; g < group; ++g) {
       const int64_t qi = r * group + g;
-      T* dst = op + ((q_row0 + it.row0 + r) * heads + it.h * group + g) * d;
+      T* dst = op + (qrows[r] * heads + it.h * group + g) * d;
       const float inv = 1.f / l[qi];
       for (int64_t i = 0; i < d; ++i) dst[i] = static_cast<T>(acc[qi * d + i] * inv);
     }
   }
 }
 
+// Cascade groups, validated: group g is requests reqs[offsets[g] .. offsets[g+1]) sharing their
+// first lens[g] slots. Returns each request's key_begin (0 outside every group).
+std::vector<int64_t> cascade_key_begin(const at::Tensor& reqs, const at::Tensor& offsets, const at::Tensor& lens,
+                                       const int64_t* table, const int64_t* rows, const int64_t* pre, int64_t bs,
+                                       int64_t ctx) {
+  std::vector<int64_t> begin(bs, 0);
+  const int64_t ngroups = lens.numel();
+  if (ngroups == 0) {
+    TORCH_CHECK(reqs.numel() == 0 && offsets.numel() <= 1, "cascade_reqs given without cascade_lens");
+    return begin;
+  }
+  TORCH_CHECK(offsets.numel() == ngroups + 1, "cascade_offsets needs one more entry than cascade_lens");
+  const int64_t* rq = reqs.data_ptr<int64_t>();
+  const int64_t* off = offsets.data_ptr<int64_t>();
+  const int64_t* len = lens.data_ptr<int64_t>();
+  TORCH_CHECK(off[0] == 0 && off[ngroups] == reqs.numel(), "cascade_offsets must run from 0 to cascade_reqs' size");
+  std::vector<char> seen(bs, 0);
+  for (int64_t g = 0; g < ngroups; ++g) {
+    TORCH_CHECK(off[g + 1] > off[g], "cascade group ", g, " is empty");
+    TORCH_CHECK(len[g] > 0 && len[g] % BLOCK == 0, "cascade_lens[", g, "] = ", len[g], " is not a positive multiple of ",
+                BLOCK);
+    const int64_t* first = nullptr;
+    for (int64_t i = off[g]; i < off[g + 1]; ++i) {
+      const int64_t b = rq[i];
+      TORCH_CHECK(b >= 0 && b < bs && !seen[b], "cascade_reqs[", i, "] = ", b, " is outside the batch or repeated");
+      seen[b] = 1;
+      TORCH_CHECK(len[g] <= pre[b] && len[g] <= ctx, "cascade group ", g, " is longer than request ", b, "'s prefix");
+      const int64_t* row = table + rows[b] * ctx;
+      if (first == nullptr) first = row;
+      TORCH_CHECK(std::equal(row, row + len[g], first), "request ", b, " does not share cascade group ", g, "'s slots");
+      begin[b] = len[g];
+    }
+  }
+  return begin;
+}
+
 template <typename T>
 void attention_kernel(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                       const at::Tensor& req_to_token, const at::Tensor& req_pool_indices,
-                      const at::Tensor& prefix_lens, const at::Tensor& extend_lens, double scaling, at::Tensor& out) {
+                      const at::Tensor& prefix_lens, const at::Tensor& extend_lens, const std::vector<int64_t>& key_begin,
+                      const at::Tensor& cascade_reqs, const at::Tensor& cascade_offsets,
+                      const at::Tensor& cascade_lens, double scaling, at::Tensor& out) {
   const int64_t bs = req_pool_indices.numel(), heads = q.size(1), d = q.size(2);
   const int64_t kvh = k_cache.size(0), slots = k_cache.size(1);
   const int64_t group = heads / kvh;
@@ -208,7 +349,7 @@ void attention_kernel(const at::Tensor& q, const at::Tensor& k_cache, const at::
     for (int64_t h = 0; h < kvh; ++h) {
       for (int64_t r0 = 0; r0 < ext[b]; r0 += TILE) {
         const int64_t n = std::min(TILE, ext[b] - r0);
-        items.push_back({b, h, r0, n, n * (pre[b] + r0 + n) + 64});
+        items.push_back({b, h, r0, n, n * (pre[b] + r0 + n - key_begin[b]) + 64});
       }
     }
   }
@@ -229,14 +370,46 @@ void attention_kernel(const at::Tensor& q, const at::Tensor& k_cache, const at::
   const T* kp = k_cache.data_ptr<T>();
   const T* vp = v_cache.data_ptr<T>();
   T* op = out.data_ptr<T>();
+  // Cascade pass: (group, KV head, up to SHARED_TILE of the group's query rows) items.
+  const int64_t ngroups = cascade_lens.numel();
+  at::Tensor state;
+  RowState st{nullptr, nullptr, nullptr};
+  if (ngroups > 0) {
+    state = at::empty({q.size(0) * heads * (d + 2)}, q.options().dtype(at::kFloat));
+    float* base = state.data_ptr<float>();
+    st = {base, base + q.size(0) * heads, base + 2 * q.size(0) * heads};
+    const int64_t* rq = cascade_reqs.data_ptr<int64_t>();
+    const int64_t* off = cascade_offsets.data_ptr<int64_t>();
+    const int64_t* glen = cascade_lens.data_ptr<int64_t>();
+    std::vector<int64_t> qrows;                     // flat query rows, group after group
+    std::vector<std::array<int64_t, 4>> shared;     // (group, first row in qrows, rows, KV head)
+    for (int64_t g = 0; g < ngroups; ++g) {
+      const int64_t first = qrows.size();
+      for (int64_t i = off[g]; i < off[g + 1]; ++i) {
+        for (int64_t r = 0; r < ext[rq[i]]; ++r) qrows.push_back(q_start[rq[i]] + r);
+      }
+      for (int64_t r0 = first; r0 < static_cast<int64_t>(qrows.size()); r0 += SHARED_TILE) {
+        const int64_t n = std::min<int64_t>(SHARED_TILE, qrows.size() - r0);
+        for (int64_t h = 0; h < kvh; ++h) shared.push_back({g, r0, n, h});
+      }
+    }
+    at::parallel_for(0, shared.size(), 1, [&](int64_t begin, int64_t end) {
+      std::vector<float> qf(SHARED_TILE * group * d), kblock(BLOCK * d), vblock(BLOCK * d), scores(BLOCK);
+      for (int64_t i = begin; i < end; ++i) {
+        const auto& [g, r0, n, h] = shared[i];
+        attend_shared<T>(qrows.data() + r0, n, h, qp, kp, vp, table + rows[rq[off[g]]] * ctx, glen[g], heads, group,
+                         d, slots, static_cast<float>(scaling), st, qf, kblock, vblock, scores);
+      }
+    });
+  }
   at::parallel_for(0, nthreads, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> qf(TILE * group * d), acc(TILE * group * d), kblock(BLOCK * d), vblock(BLOCK * d),
         scores(BLOCK), m(TILE * group), l(TILE * group);
     for (int64_t t = begin; t < end; ++t) {
       for (int64_t i : assigned[t]) {
         const Item& it = items[i];
-        attend_item<T>(it, qp, kp, vp, table + rows[it.b] * ctx, pre[it.b], q_start[it.b], heads, group, d, slots,
-                       static_cast<float>(scaling), op, qf, acc, kblock, vblock, scores, m, l);
+        attend_item<T>(it, qp, kp, vp, table + rows[it.b] * ctx, pre[it.b], key_begin[it.b], q_start[it.b], heads,
+                       group, d, slots, static_cast<float>(scaling), st, op, qf, acc, kblock, vblock, scores, m, l);
       }
     }
   });
@@ -245,36 +418,47 @@ void attention_kernel(const at::Tensor& q, const at::Tensor& k_cache, const at::
 template <typename T>
 void run(const at::Tensor& q, const at::Tensor& k_new, const at::Tensor& v_new, at::Tensor& k_cache,
          at::Tensor& v_cache, const int64_t* loc, const at::Tensor& req_to_token, const at::Tensor& req_pool_indices,
-         const at::Tensor& prefix_lens, const at::Tensor& extend_lens, double scaling, at::Tensor& out) {
-  query_starts(q.size(0), req_to_token.size(1), prefix_lens, extend_lens);  // validate before writing the pool
-  for (int64_t b = 0; b < req_pool_indices.numel(); ++b) {
+         const at::Tensor& prefix_lens, const at::Tensor& extend_lens, const at::Tensor& cascade_reqs,
+         const at::Tensor& cascade_offsets, const at::Tensor& cascade_lens, double scaling, at::Tensor& out) {
+  // Validate everything before writing the pool.
+  query_starts(q.size(0), req_to_token.size(1), prefix_lens, extend_lens);
+  const int64_t bs = req_pool_indices.numel();
+  for (int64_t b = 0; b < bs; ++b) {
     const int64_t row = req_pool_indices.data_ptr<int64_t>()[b];
     TORCH_CHECK(row >= 0 && row < req_to_token.size(0), "req_pool_indices[", b, "] = ", row, " outside req_to_token");
   }
+  const std::vector<int64_t> key_begin = cascade_key_begin(
+      cascade_reqs, cascade_offsets, cascade_lens, req_to_token.data_ptr<int64_t>(), req_pool_indices.data_ptr<int64_t>(),
+      prefix_lens.data_ptr<int64_t>(), bs, req_to_token.size(1));
   const int64_t slots = k_cache.size(1);
   for (int64_t t = 0; t < q.size(0); ++t) {
     TORCH_CHECK(loc[t] >= 0 && loc[t] < slots, "out_cache_loc ", loc[t], " outside the KV pool of ", slots, " slots");
   }
   store_kv<T>(k_cache, k_new, loc, q.size(0));
   store_kv<T>(v_cache, v_new, loc, q.size(0));
-  attention_kernel<T>(q, k_cache, v_cache, req_to_token, req_pool_indices, prefix_lens, extend_lens, scaling, out);
+  attention_kernel<T>(q, k_cache, v_cache, req_to_token, req_pool_indices, prefix_lens, extend_lens, key_begin,
+                      cascade_reqs, cascade_offsets, cascade_lens, scaling, out);
 }
 
 // q (T, H, D); k_new, v_new (T, KVH, D): the batch's new tokens, request after request;
 // k_cache, v_cache (KVH, slots, D); out_cache_loc (T,) int64 slots of the new tokens;
 // req_to_token (rows, ctx) int64; req_pool_indices, prefix_lens, extend_lens (B,) int64 (decode:
-// extend_lens all 1). Returns (T, H, D) in q's dtype. Raises on mismatched shapes/dtypes and on
+// extend_lens all 1); cascade_reqs (N,), cascade_offsets (G + 1,), cascade_lens (G,) int64: shared-prefix
+// groups (all empty for none; see cascade_key_begin). Returns (T, H, D) in q's dtype. Raises on mismatched shapes/dtypes and on
 // slots or lengths outside the pools.
 at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_new, const at::Tensor& v_new,
                            at::Tensor k_cache, at::Tensor v_cache, const at::Tensor& out_cache_loc,
                            const at::Tensor& req_to_token, const at::Tensor& req_pool_indices,
-                           const at::Tensor& prefix_lens, const at::Tensor& extend_lens, double scaling) {
+                           const at::Tensor& prefix_lens, const at::Tensor& extend_lens,
+                           const at::Tensor& cascade_reqs, const at::Tensor& cascade_offsets,
+                           const at::Tensor& cascade_lens, double scaling) {
   TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 3 && v_cache.sizes() == k_cache.sizes(), "bad shapes");
   TORCH_CHECK(q.is_contiguous() && k_new.is_contiguous() && v_new.is_contiguous() && k_cache.is_contiguous() &&
               v_cache.is_contiguous() && req_to_token.is_contiguous(), "tensors must be contiguous");
   TORCH_CHECK(q.scalar_type() == k_cache.scalar_type() && k_new.scalar_type() == k_cache.scalar_type() &&
               v_new.scalar_type() == k_cache.scalar_type(), "q, k, v and the KV pool must share a dtype");
-  for (const at::Tensor* t : {&out_cache_loc, &req_to_token, &req_pool_indices, &prefix_lens, &extend_lens}) {
+  for (const at::Tensor* t : {&out_cache_loc, &req_to_token, &req_pool_indices, &prefix_lens, &extend_lens,
+                              &cascade_reqs, &cascade_offsets, &cascade_lens}) {
     TORCH_CHECK(t->scalar_type() == at::kLong && t->is_contiguous(), "index tensors must be contiguous int64");
   }
   const int64_t tokens = q.size(0), heads = q.size(1), d = q.size(2), kvh = k_cache.size(0);
@@ -286,9 +470,9 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_new, const a
   at::Tensor out = at::empty_like(q);
   const int64_t* loc = out_cache_loc.data_ptr<int64_t>();
   switch (q.scalar_type()) {
-    case at::kFloat: run<float>(q, k_new, v_new, k_cache, v_cache, loc, req_to_token, req_pool_indices, prefix_lens, extend_lens, scaling, out); break;
-    case at::kBFloat16: run<at::BFloat16>(q, k_new, v_new, k_cache, v_cache, loc, req_to_token, req_pool_indices, prefix_lens, extend_lens, scaling, out); break;
-    case at::kHalf: run<at::Half>(q, k_new, v_new, k_cache, v_cache, loc, req_to_token, req_pool_indices, prefix_lens, extend_lens, scaling, out); break;
+    case at::kFloat: run<float>(q, k_new, v_new, k_cache, v_cache, loc, req_to_token, req_pool_indices, prefix_lens, extend_lens, cascade_reqs, cascade_offsets, cascade_lens, scaling, out); break;
+    case at::kBFloat16: run<at::BFloat16>(q, k_new, v_new, k_cache, v_cache, loc, req_to_token, req_pool_indices, prefix_lens, extend_lens, cascade_reqs, cascade_offsets, cascade_lens, scaling, out); break;
+    case at::kHalf: run<at::Half>(q, k_new, v_new, k_cache, v_cache, loc, req_to_token, req_pool_indices, prefix_lens, extend_lens, cascade_reqs, cascade_offsets, cascade_lens, scaling, out); break;
     default: TORCH_CHECK(false, "paged_attention supports float32, bfloat16 and float16, not ", q.scalar_type());
   }
   return out;
@@ -299,6 +483,6 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_new, const a
 TORCH_LIBRARY(radixlm_cpu, m) {
   m.def("paged_attention(Tensor q, Tensor k_new, Tensor v_new, Tensor(a!) k_cache, Tensor(b!) v_cache, "
         "Tensor out_cache_loc, Tensor req_to_token, Tensor req_pool_indices, Tensor prefix_lens, Tensor extend_lens, "
-        "float scaling) -> Tensor");
+        "Tensor cascade_reqs, Tensor cascade_offsets, Tensor cascade_lens, float scaling) -> Tensor");
   m.impl("paged_attention", c10::DispatchKey::CPU, &paged_attention);
 }
