@@ -88,6 +88,8 @@ def main() -> None:
     ap.add_argument("--attention-backends", nargs="+", default=["auto"],
                     help="one engine per backend, rows side by side (e.g. cpu torch_native)")
     ap.add_argument("--gemm-backends", nargs="+", default=["auto"], help="likewise for the linear layers")
+    ap.add_argument("--elementwise-backends", nargs="+", default=["auto"],
+                    help="likewise for RMSNorm/RoPE/SiLU-and-mul (e.g. cpu torch_native)")
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
@@ -98,22 +100,23 @@ def main() -> None:
     max_bs = max(args.batch_sizes)
     max_tokens = max_bs * (max(args.input_lens) + max(args.output_lens)) + 1024
     rows = []
-    for attn in args.attention_backends:
-        for gemm in args.gemm_backends:
-            engine = Engine(resolve_model(args.model), max_total_tokens=max_tokens, max_running_requests=max_bs,
-                            chunked_prefill_size=-1, max_prefill_tokens=max_tokens, page_size=args.page_size,
-                            attention_backend=attn, gemm_backend=gemm, dtype=args.dtype)
-            runner = engine.worker.model_runner
-            names = {"attention": type(runner.attn_backend).__name__.removesuffix("AttnBackend").lower(),
-                     "gemm": runner.gemm_backend.name, "dtype": str(runner.dtype).removeprefix("torch.")}
-            run_case(engine, 1, 16, 4, args.seed)  # warm-up
-            for bs in args.batch_sizes:
-                for i in args.input_lens:
-                    for o in args.output_lens:
-                        r = {**names, **run_case(engine, bs, i, o, args.seed)}
-                        r["flops_per_token"] = decode_flops_per_token(engine, i + o / 2)
-                        rows.append(r)
-            del engine, runner
+    combos = [(a, g, e) for a in args.attention_backends for g in args.gemm_backends for e in args.elementwise_backends]
+    for attn, gemm, elementwise in combos:
+        engine = Engine(resolve_model(args.model), max_total_tokens=max_tokens, max_running_requests=max_bs,
+                        chunked_prefill_size=-1, max_prefill_tokens=max_tokens, page_size=args.page_size,
+                        attention_backend=attn, gemm_backend=gemm, elementwise_backend=elementwise,
+                        dtype=args.dtype)
+        runner = engine.worker.model_runner
+        names = {"attention": runner.attn_backend.name, "gemm": runner.gemm_backend.name,
+                 "elementwise": runner.elementwise_backend.name, "dtype": str(runner.dtype).removeprefix("torch.")}
+        run_case(engine, 1, 16, 4, args.seed)  # warm-up
+        for bs in args.batch_sizes:
+            for i in args.input_lens:
+                for o in args.output_lens:
+                    r = {**names, **run_case(engine, bs, i, o, args.seed)}
+                    r["flops_per_token"] = decode_flops_per_token(engine, i + o / 2)
+                    rows.append(r)
+        del engine, runner
     peak = matmul_peak_gflops(2048, 2048, 2048)
     peak_decode_shape = matmul_peak_gflops(64, 576, 1536)
     for r in rows:
@@ -121,7 +124,7 @@ def main() -> None:
         r["pct_of_peak"] = 100 * r["model_gflop_s"] / peak
     print(f"fp32 matmul peak: {peak:.1f} GFLOP/s (2048^3), {peak_decode_shape:.1f} GFLOP/s (64x576x1536); "
           f"torch threads {torch.get_num_threads()}")
-    print_table(rows, ["attention", "gemm", "dtype", "batch", "input_len", "output_len", "prefill_tok_s", "decode_tok_s", "decode_step_ms",
+    print_table(rows, ["attention", "gemm", "elementwise", "dtype", "batch", "input_len", "output_len", "prefill_tok_s", "decode_tok_s", "decode_step_ms",
                        "overhead_ms_per_step", "model_gflop_s", "pct_of_peak"])
     write_json(args.output, {"benchmark": "bench_one_batch", "model": args.model, "page_size": args.page_size,
                              "threads": torch.get_num_threads(), "matmul_peak_gflop_s": peak,

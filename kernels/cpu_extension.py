@@ -1,4 +1,4 @@
-"""radixlm's C++ CPU kernels (``kernels/attention/cpu/*.cpp``), compiled on first use.
+"""radixlm's C++ CPU kernels (``kernels/{attention,elementwise}/cpu/*.cpp``), compiled on first use.
 
 The sources are built with ``torch.utils.cpp_extension.load`` (ninja + the system C++ compiler)
 into ``$RADIXLM_KERNEL_CACHE`` (default ``~/.cache/radixlm/kernels``), in a folder per torch
@@ -20,7 +20,9 @@ from typing import Optional
 
 logger = logging.getLogger(__name__)
 
-SOURCES = [Path(__file__).parent / "attention" / "cpu" / "paged_attention.cpp"]
+SOURCES = [Path(__file__).parent / "attention" / "cpu" / "paged_attention.cpp",
+           Path(__file__).parent / "elementwise" / "cpu" / "elementwise.cpp"]
+OPS = ("paged_attention", "add_rms_norm_", "rope", "silu_and_mul")
 _CAPABILITY_FLAGS = {
     "AVX512": ["-DCPU_CAPABILITY=AVX512", "-DCPU_CAPABILITY_AVX512", "-mavx512f", "-mavx512bw", "-mavx512vl",
                "-mavx512dq", "-mfma", "-mf16c"],
@@ -57,13 +59,16 @@ def load_cpu_kernels() -> None:
     build_dir = cache / f"torch{torch.__version__.split('+')[0]}-{cap.lower()}"
     try:
         build_dir.mkdir(parents=True, exist_ok=True)
+        # -ffp-contract=off: no fused multiply-adds the source does not ask for, so the elementwise
+        # kernels round as the torch ops they replace (GCC contracts even intrinsics otherwise).
         cpp_extension.load(name=f"radixlm_cpu_{cap.lower()}", sources=[str(s) for s in SOURCES],
-                           extra_cflags=["-O3", "-fno-math-errno", *_CAPABILITY_FLAGS.get(cap, [])],
+                           extra_cflags=["-O3", "-fno-math-errno", "-ffp-contract=off", *_CAPABILITY_FLAGS.get(cap, [])],
                            build_directory=str(build_dir), is_python_module=False, verbose=False)
     except Exception as e:  # compiler missing, ninja missing, build error
         raise CpuKernelsUnavailable(f"building radixlm's C++ CPU kernels in {build_dir} failed: {e}") from e
-    if not hasattr(torch.ops.radixlm_cpu, "paged_attention"):
-        raise CpuKernelsUnavailable("the radixlm_cpu library loaded without its paged_attention op")
+    missing = [op for op in OPS if not hasattr(torch.ops.radixlm_cpu, op)]
+    if missing:
+        raise CpuKernelsUnavailable(f"the radixlm_cpu library loaded without its ops {missing}")
     logger.info("C++ CPU kernels loaded (%s, %s)", cap, build_dir)
 
 

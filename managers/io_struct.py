@@ -101,6 +101,7 @@ class InternalState(msgspec.Struct, tag=True, kw_only=True):
     num_grammar_cache_hits: int = 0
     attention_backend: str = ""  # the backends actually chosen (``auto`` resolved)
     gemm_backend: str = ""
+    elementwise_backend: str = ""
 
 
 class BatchTokenOut(msgspec.Struct, tag=True, kw_only=True):

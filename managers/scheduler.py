@@ -399,4 +399,5 @@ class Scheduler:
             num_grammar_compiles=self.grammar_cache.num_compiles if self.grammar_cache is not None else 0,
             num_grammar_cache_hits=self.grammar_cache.num_hits if self.grammar_cache is not None else 0,
             attention_backend=self.worker.model_runner.attn_backend.name,
-            gemm_backend=self.worker.model_runner.gemm_backend.name)
+            gemm_backend=self.worker.model_runner.gemm_backend.name,
+            elementwise_backend=self.worker.model_runner.elementwise_backend.name)

@@ -14,6 +14,7 @@ import time
 import torch
 
 from radixlm.kernels.attention import create_attention_backend
+from radixlm.kernels.elementwise import create_elementwise_backend
 from radixlm.kernels.gemm import create_gemm_backend
 from radixlm.radix_cache import PagePool
 from radixlm.srt.distributed import all_reduce_min
@@ -62,7 +63,12 @@ class ModelRunner:
         for module in self.model.modules():
             if hasattr(module, "process_weights_after_loading"):
                 module.process_weights_after_loading(self.gemm_backend)
-        logger.info("GEMM backend: %s (%s)", self.gemm_backend.name, self.dtype)
+        self.elementwise_backend = create_elementwise_backend(server_args.elementwise_backend, self.device)
+        for module in self.model.modules():
+            if hasattr(module, "elementwise"):
+                module.elementwise = self.elementwise_backend
+        logger.info("GEMM backend: %s, elementwise: %s (%s)", self.gemm_backend.name, self.elementwise_backend.name,
+                    self.dtype)
         attn = self.model.layers[0].self_attn
         self.num_kv_heads = attn.num_kv_heads
         self.attn_backend = create_attention_backend(

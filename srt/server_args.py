@@ -18,6 +18,7 @@ from radixlm.srt.reasoning_parser import REASONING_PARSERS
 SCHEDULE_POLICIES = ("lpm", "fcfs")
 ATTENTION_BACKENDS = ("auto", "torch_native", "cpu", "flashinfer")
 GEMM_BACKENDS = ("auto", "torch_native", "onednn")
+ELEMENTWISE_BACKENDS = ("auto", "torch_native", "cpu")
 GRAMMAR_BACKENDS = ("xgrammar", "outlines", "none")
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -73,6 +74,9 @@ class ServerArgs:
     gemm_backend: str = field(default="auto", metadata={"help": (
         "linear layers: auto|torch_native|onednn; auto = onednn (weights prepacked once into oneDNN's "
         "blocked layout) on a CPU where oneDNN supports the dtype, else torch_native (F.linear)")})
+    elementwise_backend: str = field(default="auto", metadata={"help": (
+        "RMSNorm + residual add, RoPE, SiLU-and-mul: auto|torch_native|cpu; auto = cpu (fused C++ kernels, "
+        "compiled on first use) on CPU, else torch_native (the reference torch ops)")})
     grammar_backend: str = field(default="xgrammar", metadata={"help": "xgrammar|outlines|none"})
     grammar_compile_timeout: float = field(default=30.0, metadata={"help": "seconds a grammar may take to compile before its request ends with an error"})
     request_timeout: Optional[float] = field(default=None, metadata={"help": "seconds any request may take (from its arrival) before it is aborted, keeping its partial output; a request's own 'timeout' field can only lower it (default: no limit)"})
@@ -93,6 +97,7 @@ class ServerArgs:
         choice("schedule_policy", SCHEDULE_POLICIES)
         choice("attention_backend", ATTENTION_BACKENDS)
         choice("gemm_backend", GEMM_BACKENDS)
+        choice("elementwise_backend", ELEMENTWISE_BACKENDS)
         choice("grammar_backend", GRAMMAR_BACKENDS)
         choice("device", DEVICES)
         choice("dtype", DTYPES)

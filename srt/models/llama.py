@@ -11,12 +11,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from radixlm.kernels.elementwise.base import ElementwiseBackend
 
 from radixlm.srt.layers.linear import (MergedColumnParallelLinear, ParallelLMHead, QKVParallelLinear,
                                        RowParallelLinear, VocabParallelEmbedding)
-from radixlm.srt.layers.norm_rope import RMSNorm, RotaryEmbedding
+from radixlm.srt.layers.norm_rope import REFERENCE_ELEMENTWISE, RMSNorm, RotaryEmbedding
 from radixlm.srt.layers.parallel_state import TpGroup
 
 if TYPE_CHECKING:
@@ -66,10 +67,10 @@ class MLP(nn.Module):
         inter = cfg.intermediate_size
         self.gate_up_proj = MergedColumnParallelLinear(cfg.hidden_size, [inter, inter], False, tp, dtype)
         self.down_proj = RowParallelLinear(inter, cfg.hidden_size, False, tp, dtype)
+        self.elementwise: ElementwiseBackend = REFERENCE_ELEMENTWISE
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(self.elementwise.silu_and_mul(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
@@ -81,9 +82,12 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
 
-    def forward(self, positions: torch.Tensor, h: torch.Tensor, fb: "ForwardBatch") -> torch.Tensor:
-        h = h + self.self_attn(positions, self.input_layernorm(h), fb)
-        return h + self.mlp(self.post_attention_layernorm(h))
+    def forward(self, positions: torch.Tensor, h: torch.Tensor, delta: "torch.Tensor | None",
+                fb: "ForwardBatch") -> tuple[torch.Tensor, torch.Tensor]:
+        """The residual stream h (T, hidden) gets the previous layer's MLP output ``delta`` added (in
+        place, fused with the first norm); returns (h, this layer's MLP output) for the next layer."""
+        a = self.self_attn(positions, self.input_layernorm(h, delta), fb)
+        return h, self.mlp(self.post_attention_layernorm(h, a))
 
 
 class LlamaForCausalLM(nn.Module):
@@ -113,10 +117,11 @@ class LlamaForCausalLM(nn.Module):
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, fb: "ForwardBatch") -> torch.Tensor:
         self.rotary_emb.reset()
-        h = self.embed_tokens(input_ids)
+        h, delta = self.embed_tokens(input_ids), None
         for layer in self.layers:
-            h = layer(positions, h, fb)
-        h = self.norm(h[fb.logits_indices])
+            h, delta = layer(positions, h, delta, fb)
+        rows = fb.logits_indices
+        h = self.norm(h[rows], delta[rows])  # the last residual add only for the rows that need logits
         return self.lm_head.logits(h).float()
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:

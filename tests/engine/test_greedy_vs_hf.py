@@ -53,6 +53,7 @@ VARIANTS = {
     "gemm_torch_native": {"gemm_backend": "torch_native"},  # the default is onednn's prepacked weights
     # auto on CPU is the C++ kernel; torch_native (the oracle's algorithm, and the fallback) explicitly
     "attn_torch_native": {"attention_backend": "torch_native"},
+    "elementwise_torch_native": {"elementwise_backend": "torch_native"},  # auto on CPU: fused C++ ops
     "attn_torch_native_page16_chunk8": {"attention_backend": "torch_native", "page_size": 16, "chunked_prefill_size": 8},
 }
 

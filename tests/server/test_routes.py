@@ -47,6 +47,7 @@ def test_server_info_has_every_server_arg(http):
     from radixlm.kernels.cpu_extension import cpu_kernels_error
 
     assert state["attention_backend"] == ("cpu" if cpu_kernels_error() is None else "torch_native")
+    assert state["elementwise_backend"] == state["attention_backend"]  # both: the C++ kernels where they build
     import torch
 
     assert state["gemm_backend"] == ("onednn" if onednn_supports(getattr(torch, info["model_dtype"])) else "torch_native")

@@ -9,8 +9,8 @@
 // (at::parallel_for, so the thread count and wait policy are the process's). An item computes the
 // rows x G (= H / KVH) query vectors that share the KV head, so a K/V row is loaded once for all of
 // them, in blocks of BLOCK keys:
-// scores = q . k (fp32; K transposed per block so a vector of keys' scores is one chain of FMAs), a
-// running max and normaliser per head (online softmax, Milakov & Gimelshein 2018; FlashDecoding),
+// scores = q . k (fp32; K transposed per block so a vector of keys' scores is one chain of FMAs, with up
+// to 4 query vectors of a row sharing each K and V load), a running max and normaliser per head (online softmax, Milakov & Gimelshein 2018; FlashDecoding),
 // then acc += p * v. K/V may be fp32, bf16 or fp16; arithmetic is fp32.
 // Vectorised with ATen's at::vec (AVX2 / AVX-512 chosen by the CPU_CAPABILITY macros at build time);
 // exp is Sleef's 1-ulp expf, as torch's own softmax uses.
@@ -135,57 +135,105 @@ inline void load_block(const T* kh, const T* vh, const int64_t* slot_row, int64_
   for (int64_t i = 0; i < d; ++i) std::fill(kT + i * BLOCK + n, kT + i * BLOCK + padded, 0.f);
 }
 
-// s[jv .. jv + NV * Vec::size()) = q . k for NV vectors of keys: a chain of fused multiply-adds over
-// the head dimension per score, the same chain whatever NV is.
-template <int NV>
-inline void scores_vec(const float* qv, const float* kT, int64_t jv, int64_t d, float* s) {
-  Vec acc[NV];
-  for (int v = 0; v < NV; ++v) acc[v] = Vec(0.f);
+// Scores of NQ query vectors (qv, stride d) against NV vectors of keys from jv, into s (stride BLOCK per
+// query): per score, one chain of fused multiply-adds over the head dimension, the same chain
+// whatever NQ and NV are (the blocking only shares the K loads between queries).
+template <int NQ, int NV>
+inline void scores_tile(const float* qv, int64_t d, const float* kT, int64_t jv, float* s) {
+  Vec acc[NQ][NV];
+  for (int q = 0; q < NQ; ++q)
+    for (int v = 0; v < NV; ++v) acc[q][v] = Vec(0.f);
   for (int64_t i = 0; i < d; ++i) {
-    const Vec qi(qv[i]);
     const float* row = kT + i * BLOCK + jv;
-    for (int v = 0; v < NV; ++v) acc[v] = at::vec::fmadd(qi, Vec::loadu(row + v * Vec::size()), acc[v]);
+    Vec k[NV];
+    for (int v = 0; v < NV; ++v) k[v] = Vec::loadu(row + v * Vec::size());
+    for (int q = 0; q < NQ; ++q) {
+      const Vec qi(qv[q * d + i]);
+      for (int v = 0; v < NV; ++v) acc[q][v] = at::vec::fmadd(qi, k[v], acc[q][v]);
+    }
   }
-  for (int v = 0; v < NV; ++v) acc[v].store(s + jv + v * Vec::size());
+  for (int q = 0; q < NQ; ++q)
+    for (int v = 0; v < NV; ++v) acc[q][v].store(s + q * BLOCK + jv + v * Vec::size());
 }
 
-// a[c .. c + NV * Vec::size()) += sum_j p[j] * v_j[...]: one multiply-add chain over the keys per
-// element, the same chain whatever NV is.
-template <int NV>
-inline void accumulate_vec(float* a, const float* p, const float* const* vrows, int64_t n, int64_t c) {
-  Vec acc[NV];
-  for (int v = 0; v < NV; ++v) acc[v] = Vec::loadu(a + c + v * Vec::size());
+// a_q[c .. c + NV * Vec::size()) += sum_j p_q[j] * v_j[...] for NQ queries (a stride d, p stride
+// BLOCK): one multiply-add chain over the keys per element, whatever NQ and NV are.
+template <int NQ, int NV>
+inline void accumulate_tile(float* a, int64_t d, const float* p, const float* const* vrows, int64_t n, int64_t c) {
+  Vec acc[NQ][NV];
+  for (int q = 0; q < NQ; ++q)
+    for (int v = 0; v < NV; ++v) acc[q][v] = Vec::loadu(a + q * d + c + v * Vec::size());
   for (int64_t j = 0; j < n; ++j) {
-    const Vec pj(p[j]);
-    for (int v = 0; v < NV; ++v) acc[v] = at::vec::fmadd(pj, Vec::loadu(vrows[j] + c + v * Vec::size()), acc[v]);
+    Vec x[NV];
+    for (int v = 0; v < NV; ++v) x[v] = Vec::loadu(vrows[j] + c + v * Vec::size());
+    for (int q = 0; q < NQ; ++q) {
+      const Vec pj(p[q * BLOCK + j]);
+      for (int v = 0; v < NV; ++v) acc[q][v] = at::vec::fmadd(pj, x[v], acc[q][v]);
+    }
   }
-  for (int v = 0; v < NV; ++v) acc[v].store(a + c + v * Vec::size());
+  for (int q = 0; q < NQ; ++q)
+    for (int v = 0; v < NV; ++v) acc[q][v].store(a + q * d + c + v * Vec::size());
 }
 
-// One key block for one query vector qv: the step every query runs for every block it sees, in
-// every pass, so where a row is computed never changes its result. kT is the block's transposed K.
-inline void block_step(const float* qv, const float* kT, const float* const* vrows, int64_t n, int64_t d, float* s,
-                       float& m, float& l, float* a) {
+template <int NQ>
+inline void scores_queries(const float* qv, int64_t d, const float* kT, int64_t n, float* s) {
   constexpr int64_t W = Vec::size();
   int64_t jv = 0;
-  for (; jv + 4 * W <= n; jv += 4 * W) scores_vec<4>(qv, kT, jv, d, s);
-  for (; jv < n; jv += W) scores_vec<1>(qv, kT, jv, d, s);  // pad keys are zeros; their scores unused
-  const float bmax = *std::max_element(s, s + n);
-  const float mnew = std::max(m, bmax);
-  if (m != -std::numeric_limits<float>::infinity() && mnew != m) {
-    const float corr = std::exp(m - mnew);
-    l *= corr;
-    scale(a, corr, d);
-  }
-  m = mnew;
-  l += exp_sub_sum(s, mnew, n);
+  for (; jv + 2 * W <= n; jv += 2 * W) scores_tile<NQ, 2>(qv, d, kT, jv, s);
+  for (; jv < n; jv += W) scores_tile<NQ, 1>(qv, d, kT, jv, s);  // pad keys are zeros; their scores unused
+}
+
+template <int NQ>
+inline void accumulate_queries(float* a, int64_t d, const float* p, const float* const* vrows, int64_t n) {
+  constexpr int64_t W = Vec::size();
   int64_t c = 0;
-  for (; c + 4 * W <= d; c += 4 * W) accumulate_vec<4>(a, s, vrows, n, c);
-  for (; c + W <= d; c += W) accumulate_vec<1>(a, s, vrows, n, c);
+  for (; c + 2 * W <= d; c += 2 * W) accumulate_tile<NQ, 2>(a, d, p, vrows, n, c);
+  for (; c + W <= d; c += W) accumulate_tile<NQ, 1>(a, d, p, vrows, n, c);
   for (; c < d; ++c) {
-    float x = a[c];
-    for (int64_t j = 0; j < n; ++j) x = std::fma(s[j], vrows[j][c], x);
-    a[c] = x;
+    for (int q = 0; q < NQ; ++q) {
+      float x = a[q * d + c];
+      for (int64_t j = 0; j < n; ++j) x = std::fma(p[q * BLOCK + j], vrows[j][c], x);
+      a[q * d + c] = x;
+    }
+  }
+}
+
+// One key block for the G query vectors of one query row (qv (G, D), scores s (G, BLOCK), state m, l
+// (G,) and a (G, D)): the step every row runs for every block it sees, in every pass, so where a
+// row is computed never changes its result. kT is the block's transposed K.
+inline void row_step(const float* qv, int64_t group, const float* kT, const float* const* vrows, int64_t n, int64_t d,
+                     float* s, float* m, float* l, float* a) {
+  for (int64_t q0 = 0; q0 < group; q0 += 4) {
+    const float* qq = qv + q0 * d;
+    float* sq = s + q0 * BLOCK;
+    switch (std::min<int64_t>(4, group - q0)) {
+      case 4: scores_queries<4>(qq, d, kT, n, sq); break;
+      case 3: scores_queries<3>(qq, d, kT, n, sq); break;
+      case 2: scores_queries<2>(qq, d, kT, n, sq); break;
+      default: scores_queries<1>(qq, d, kT, n, sq); break;
+    }
+  }
+  for (int64_t q = 0; q < group; ++q) {
+    float* sq = s + q * BLOCK;
+    const float bmax = *std::max_element(sq, sq + n);
+    const float mnew = std::max(m[q], bmax);
+    if (m[q] != -std::numeric_limits<float>::infinity() && mnew != m[q]) {
+      const float corr = std::exp(m[q] - mnew);
+      l[q] *= corr;
+      scale(a + q * d, corr, d);
+    }
+    m[q] = mnew;
+    l[q] += exp_sub_sum(sq, mnew, n);
+  }
+  for (int64_t q0 = 0; q0 < group; q0 += 4) {
+    float* aq = a + q0 * d;
+    const float* pq = s + q0 * BLOCK;
+    switch (std::min<int64_t>(4, group - q0)) {
+      case 4: accumulate_queries<4>(aq, d, pq, vrows, n); break;
+      case 3: accumulate_queries<3>(aq, d, pq, vrows, n); break;
+      case 2: accumulate_queries<2>(aq, d, pq, vrows, n); break;
+      default: accumulate_queries<1>(aq, d, pq, vrows, n); break;
+    }
   }
 }
 
@@ -224,11 +272,9 @@ void attend_shared(const int64_t* qrows, int64_t n, int64_t h, const T* qp, cons
     const float* vrows[BLOCK];
     load_block<T>(kh, vh, slot_row, j0, BLOCK, d, kblock.data(), vblock, vrows);
     for (int64_t r = 0; r < n; ++r) {
-      for (int64_t g = 0; g < group; ++g) {
-        const int64_t sq = qrows[r] * heads + h * group + g;
-        block_step(qf.data() + (r * group + g) * d, kblock.data(), vrows, BLOCK, d, scores.data(), st.m[sq], st.l[sq],
-                   st.acc + sq * d);
-      }
+      const int64_t sq = qrows[r] * heads + h * group;  // the row's G query vectors are contiguous in st
+      row_step(qf.data() + r * group * d, group, kblock.data(), vrows, BLOCK, d, scores.data(), st.m + sq, st.l + sq,
+               st.acc + sq * d);
     }
   }
 }
@@ -275,10 +321,9 @@ void attend_item(const Item& it, const T* qp, const T* kp, const T* vp, const in
       const int64_t len = prefix + it.row0 + r + 1;
       if (len <= j0) continue;
       const int64_t n = std::min(BLOCK, len - j0);
-      for (int64_t g = 0; g < group; ++g) {
-        const int64_t qi = r * group + g;
-        block_step(qf.data() + qi * d, kblock.data(), vrows, n, d, scores.data(), m[qi], l[qi], acc.data() + qi * d);
-      }
+      const int64_t qi = r * group;
+      row_step(qf.data() + qi * d, group, kblock.data(), vrows, n, d, scores.data(), m.data() + qi, l.data() + qi,
+               acc.data() + qi * d);
     }
   }
   for (int64_t r = 0; r < it.rows; ++r) {
@@ -394,7 +439,7 @@ void attention_kernel(const at::Tensor& q, const at::Tensor& k_cache, const at::
       }
     }
     at::parallel_for(0, shared.size(), 1, [&](int64_t begin, int64_t end) {
-      std::vector<float> qf(SHARED_TILE * group * d), kblock(BLOCK * d), vblock(BLOCK * d), scores(BLOCK);
+      std::vector<float> qf(SHARED_TILE * group * d), kblock(BLOCK * d), vblock(BLOCK * d), scores(group * BLOCK);
       for (int64_t i = begin; i < end; ++i) {
         const auto& [g, r0, n, h] = shared[i];
         attend_shared<T>(qrows.data() + r0, n, h, qp, kp, vp, table + rows[rq[off[g]]] * ctx, glen[g], heads, group,
@@ -404,7 +449,7 @@ void attention_kernel(const at::Tensor& q, const at::Tensor& k_cache, const at::
   }
   at::parallel_for(0, nthreads, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> qf(TILE * group * d), acc(TILE * group * d), kblock(BLOCK * d), vblock(BLOCK * d),
-        scores(BLOCK), m(TILE * group), l(TILE * group);
+        scores(group * BLOCK), m(TILE * group), l(TILE * group);
     for (int64_t t = begin; t < end; ++t) {
       for (int64_t i : assigned[t]) {
         const Item& it = items[i];

@@ -1,0 +1,97 @@
+"""The fused C++ elementwise ops (RMSNorm with the residual add, RoPE, SiLU-and-mul) against the
+torch reference ops they replace: bitwise in fp32 for rope and silu_and_mul, to fp32 rounding for
+the norm (only its sum of squares runs in another order), and step-by-step rounding in bf16/fp16."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from radixlm.kernels.cpu_extension import cpu_kernels_error
+from radixlm.kernels.elementwise import create_elementwise_backend
+from radixlm.kernels.elementwise.torch_native import TorchNativeElementwise
+
+pytestmark = pytest.mark.skipif(cpu_kernels_error() is not None, reason=str(cpu_kernels_error()))
+
+REF = TorchNativeElementwise()
+
+
+@pytest.fixture(scope="module")
+def fused():
+    return create_elementwise_backend("cpu", torch.device("cpu"))
+
+
+def rand(*shape, dtype=torch.float32, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+@pytest.mark.parametrize("hidden", [576, 64, 13])
+@pytest.mark.parametrize("rows", [1, 7, 300])
+def test_add_rms_norm_fp32(fused, rows, hidden):
+    h, delta, w = rand(rows, hidden), rand(rows, hidden, seed=1), rand(hidden, seed=2)
+    h_ref = h.clone()
+    ref = REF.add_rms_norm(h_ref, delta, w, 1e-5)
+    out = fused.add_rms_norm(h, delta, w, 1e-5)
+    assert torch.equal(h, h_ref)  # the residual add in place, bitwise
+    torch.testing.assert_close(out, ref, rtol=2e-6, atol=2e-6)
+    plain = fused.add_rms_norm(h.clone(), None, w, 1e-5)  # no residual: a plain norm
+    torch.testing.assert_close(plain, out, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_add_rms_norm_half_rounds_like_the_reference(fused, dtype):
+    h, delta, w = rand(33, 576, dtype=dtype), rand(33, 576, dtype=dtype, seed=1), rand(576, dtype=dtype, seed=2)
+    h_ref = h.clone()
+    ref = REF.add_rms_norm(h_ref, delta, w, 1e-6)
+    out = fused.add_rms_norm(h, delta, w, 1e-6)
+    assert torch.equal(h, h_ref) and out.dtype == dtype
+    # the fp32 statistics may differ in the last bit, which moves a few outputs by an ulp or two
+    diff = (out.float() - ref.float()).abs()
+    ulp = ref.float().abs() * (2 ** -7 if dtype == torch.bfloat16 else 2 ** -10)
+    assert (diff <= 2 * ulp + 1e-6).all()  # one ulp of the intermediate, one of the product
+    assert (out == ref).float().mean() > 0.95
+
+
+def test_norm_of_a_non_contiguous_view(fused):
+    """Qwen3's per-head q/k norm runs on a view into the fused qkv output."""
+    qkv = rand(5, 3 * 64)
+    q = qkv[:, :128].reshape(5, 2, 64)
+    w = rand(64, seed=3)
+    torch.testing.assert_close(fused.add_rms_norm(q, None, w, 1e-6), REF.add_rms_norm(q, None, w, 1e-6),
+                               rtol=2e-6, atol=2e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("head_dim", [64, 16, 6])
+def test_rope_equals_the_reference_bitwise(fused, dtype, head_dim):
+    t, heads, kvh = 9, 6, 2
+    qkv = rand(t, (heads + 2 * kvh) * head_dim, dtype=dtype)  # q and k as views into a fused projection
+    q = qkv[:, :heads * head_dim].view(t, heads, head_dim)
+    k = qkv[:, heads * head_dim:(heads + kvh) * head_dim].view(t, kvh, head_dim)
+    cos, sin = rand(t, head_dim, dtype=dtype, seed=1), rand(t, head_dim, dtype=dtype, seed=2)
+    qo, ko = fused.rope(q, k, cos, sin)
+    qr, kr = REF.rope(q, k, cos, sin)
+    assert qo.is_contiguous() and ko.is_contiguous()
+    assert torch.equal(qo, qr) and torch.equal(ko, kr)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("inter", [1536, 20, 3])
+def test_silu_and_mul_equals_the_reference(fused, dtype, inter):
+    x = rand(17, 2 * inter, dtype=dtype) * 4
+    out, ref = fused.silu_and_mul(x), REF.silu_and_mul(x)
+    if dtype == torch.float32:
+        assert torch.equal(out, ref)
+    else:  # the reference rounds silu to bf16 before the product, as the kernel does
+        assert (out.float() - ref.float()).abs().max() <= ref.float().abs().max() * 2 ** -7
+
+
+def test_bad_shapes_raise(fused):
+    with pytest.raises(RuntimeError, match="weight"):
+        fused.add_rms_norm(rand(3, 8), None, rand(7), 1e-6)
+    with pytest.raises(RuntimeError, match="cos, sin"):
+        fused.rope(rand(3, 2, 8), rand(3, 1, 8), rand(2, 8), rand(2, 8))
+    with pytest.raises(RuntimeError, match="2 \\* I"):
+        fused.silu_and_mul(rand(3, 7))
+    with pytest.raises(ValueError, match="unknown elementwise backend"):
+        create_elementwise_backend("fast", torch.device("cpu"))
