@@ -356,8 +356,10 @@ class _Response:
             fr = meta.get("finish_reason") or {}
             error = {"code": "server_error", "message": fr.get("message") or "the request was aborted"}
         body = self.body(status, meta, error)
-        if self.stored:
-            self.store.put(body, self.conversation + tuple(_ITEMS.validate_python(body["output"])))
+        if self.stored:  # a call cut short is no call: it stays out of the conversation (its arguments
+            # may not be JSON), so a function_call_output for it is a 400 later
+            kept = [i for i in body["output"] if i["type"] != "function_call" or i["status"] == "completed"]
+            self.store.put(body, self.conversation + tuple(_ITEMS.validate_python(kept)))
         return body
 
     async def stream(self, request: Request) -> AsyncIterator[bytes]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
 from radixlm.srt.openai_api.protocol import _Strict
 
@@ -116,7 +116,10 @@ def _item_type(value: Any) -> Any:
 InputItem = Annotated[Union[
     Annotated[MessageItem, Tag("message")], Annotated[FunctionCallItem, Tag("function_call")],
     Annotated[FunctionCallOutputItem, Tag("function_call_output")], Annotated[ReasoningInputItem, Tag("reasoning")],
-    Annotated[BuiltinItem, Tag("builtin")]], Discriminator(_item_type)]
+    Annotated[BuiltinItem, Tag("builtin")]], Discriminator(
+        _item_type, custom_error_type="invalid_item_type",
+        custom_error_message="unknown item type (expected a message, function_call, function_call_output or "
+                             "reasoning item)")]
 
 
 # ---- tools, text format, reasoning ------------------------------------------------------------------
@@ -128,6 +131,14 @@ class FunctionToolSpec(_Strict):
     description: Optional[str] = None
     parameters: Optional[dict[str, Any]] = None
     strict: Optional[bool] = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _not_chat_shaped(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("function"), dict) and "name" not in data:
+            raise ValueError('Responses function tools are flat ({"type": "function", "name": ..., "parameters": '
+                             '...}), not nested under "function" as on /v1/chat/completions')
+        return data
 
 
 class BuiltinToolSpec(_Item):

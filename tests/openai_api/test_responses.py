@@ -7,12 +7,19 @@ from __future__ import annotations
 
 import json
 
+import random
+
 import httpx
 import jsonschema
 import openai
 import pytest
 from openai.types.responses import Response as SDKResponse
 from pydantic import BaseModel, Field
+
+from radixlm.srt.function_call import create_tool_parser
+from radixlm.srt.openai_api.chat_output import ChoiceOutput
+from radixlm.srt.openai_api.responses_stream import OutputBuilder
+from radixlm.srt.reasoning_parser import get_reasoning_format
 
 WEATHER = {"type": "function", "name": "get_weather", "description": "Current weather in a city",
            "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 16},
@@ -64,6 +71,52 @@ def _events(server, body: dict) -> list[dict]:
                 out.append(event)
     assert [e["sequence_number"] for e in out] == list(range(len(out)))
     return out
+
+
+CALL = '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>'
+OUTPUTS = [  # (model output, the items: (type, text or arguments))
+    (f"hello {CALL} world {CALL} end", [("message", "hello"), ("function_call", '{"a": 1}'), ("message", "world"),
+                                        ("function_call", '{"a": 1}'), ("message", "end")]),
+    (f"{CALL}\n{CALL}", [("function_call", '{"a": 1}')] * 2),
+    (f"{CALL} after", [("function_call", '{"a": 1}'), ("message", "after")]),
+    (f"<think>hmm</think>\n\nok {CALL}", [("reasoning", "hmm"), ("message", "ok"), ("function_call", '{"a": 1}')]),
+    ("plain text", [("message", "plain text")]),
+]
+
+
+def _build(text: str, cuts: list[int], stream: bool) -> OutputBuilder:
+    b = OutputBuilder(ChoiceOutput((get_reasoning_format("qwen3"), False), create_tool_parser("hermes")), stream)
+    for start, end in zip([0, *cuts], [*cuts, len(text)]):
+        b.feed(text[start:end])
+    b.finish(incomplete=False)
+    return b
+
+
+@pytest.mark.parametrize("text,expected", OUTPUTS, ids=[t for t, _ in OUTPUTS])
+def test_items_follow_the_text_whatever_the_chunking(text, expected):
+    """Unit test, no server: the items of the whole text, of random chunkings, and those the stream's
+    events rebuild are the same."""
+    def shape(items):
+        return [(i["type"], i["arguments"] if i["type"] == "function_call" else i["content"][0]["text"])
+                for i in items]
+
+    assert shape(_build(text, [], False).items) == expected
+    for seed in range(20):
+        cuts = sorted(random.Random(seed).sample(range(1, len(text)), min(len(text) - 1, seed % 7 + 1)))
+        b = _build(text, cuts, True)
+        assert shape(b.items) == expected and all(i["status"] == "completed" for i in b.items)
+        events = [json.loads(e.split(b"data: ", 1)[1]) for e in b.drain()]
+        rebuilt: dict[int, dict] = {}
+        for e in events:
+            if e["type"] == "response.output_item.added":
+                rebuilt[e["output_index"]] = {**e["item"], "text": ""}
+            elif e["type"].endswith(("text.delta", "arguments.delta")):
+                rebuilt[e["output_index"]]["arguments" if "arguments" in e["type"] else "text"] += e["delta"]
+            elif e["type"] == "response.output_item.done":
+                assert e["item"]["status"] == "completed"
+        assert [(r["type"], r["arguments"] if r["type"] == "function_call" else r["text"])
+                for _, r in sorted(rebuilt.items())] == expected
+        assert [e["sequence_number"] for e in events] == list(range(len(events)))
 
 
 def test_text_input_equals_chat_and_stops_at_max_output_tokens(rc):
@@ -226,7 +279,7 @@ BAD = [
      "input.0.call_id"),
     ("unknown item type", {"input": [{"type": "telepathy"}]}, "input.0"),
     ("message without content", {"input": [{"role": "user"}]}, "input.0.content"),
-    ("chat-shaped tool", {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools.0.name"),
+    ("chat-shaped tool", {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools.0"),
     ("schema not an object", {"tools": [{"type": "function", "name": "f", "parameters": {"type": "string"}}]},
      "tools.0.parameters"),
     ("unknown named function", {"tools": TOOLS, "tool_choice": {"type": "function", "name": "nope"}},
