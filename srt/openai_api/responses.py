@@ -58,7 +58,7 @@ from radixlm.srt.openai_api.responses_protocol import (BuiltinItem, BuiltinToolS
                                                        FunctionCallOutputItem, InputItem, MediaPart, MessageItem,
                                                        OtherToolChoice, ReasoningInputItem, RefusalPart,
                                                        ResponseDeleted, ResponseObject, ResponsesRequest)
-from radixlm.srt.openai_api.responses_stream import OutputBuilder, item_id, sse_event
+from radixlm.srt.openai_api.responses_stream import OutputBuilder, item_id
 
 DEFAULT_STORE_SIZE = 1024
 _ITEMS = TypeAdapter(list[InputItem])
@@ -425,5 +425,4 @@ async def create_response(ctx: ServingContext, store: ResponseStore, req: Respon
     return Response(json.dumps(state.finish(result["meta_info"])), media_type="application/json")
 
 
-__all__ = ["DEFAULT_STORE_SIZE", "ResponseStore", "create_response", "delete", "parse_request", "retrieve",
-           "sse_event"]
+__all__ = ["DEFAULT_STORE_SIZE", "ResponseStore", "create_response", "delete", "parse_request", "retrieve"]
