@@ -15,14 +15,21 @@ this process (``--base-url hf-static=<model folder>``, see ``run_hf_static``).
         --base-url radixlm=http://127.0.0.1:30000 --backend radixlm \\
         --base-url vllm=http://127.0.0.1:8000 --backend openai
 
-``--backend`` / ``--model`` / ``--json-schema-field`` are given once (all targets) or once per
-``--base-url``. Arrivals: ``--request-rate R`` (Poisson, requests/s; ``inf`` = all at once),
+``--backend`` / ``--model`` / ``--json-schema-field`` / ``--tool-choice`` are given once (all targets)
+or once per ``--base-url``; several ``--tool-choice`` values with one ``--base-url`` run that server
+once per value (``tool-calls``: the constrained calls and the same requests unconstrained, side by
+side in one run:
+
+    python benchmarks/bench_serving.py --backend openai-chat --base-url radixlm=http://127.0.0.1:30000 \
+        --dataset-name tool-calls --tool-choice required --tool-choice none --max-concurrency 4
+ Arrivals: ``--request-rate R`` (Poisson, requests/s; ``inf`` = all at once),
 optionally capped by ``--max-concurrency``. Metrics (see ``compute_metrics``): request / input /
 output token throughput, TTFT, TPOT (per request: (latency - TTFT) / (output tokens - 1)), ITL (gaps
 between streamed chunks), end-to-end latency (mean, p50, p99, ms), cache hit rate = cached prompt
 tokens / prompt tokens (from ``meta_info.cached_tokens``, ``usage.prompt_tokens_details.cached_tokens``
-or llama-server's ``timings.cache_n``; null if the server reports none), successes and failures. One
-JSON per run.
+or llama-server's ``timings.cache_n``; null if the server reports none), successes and failures;
+``tool-calls``: ``tool_call_rate``, the share of requests whose output had calls, all with arguments
+that parse as a JSON object (streamed call deltas count as output for TTFT / ITL). One JSON per run.
 """
 
 from __future__ import annotations
@@ -63,6 +70,7 @@ BenchRequest = ds.BenchRequest
 NATIVE = ("radixlm", "sglang")
 BACKENDS = (*NATIVE, "openai", "openai-chat", "hf-serve", "hf-static")
 SCHEMA_FIELDS = ("auto", "json_schema", "response_format", "none")
+TOOL_CHOICES = ("required", "auto", "none", "omit")  # omit: the request without its tools
 WARMUP_PROMPT = "The quick brown fox jumps over the lazy dog."
 
 
@@ -73,6 +81,7 @@ class Target:
     backend: str
     model: Optional[str] = None
     json_schema_field: str = "auto"  # how json-schema requests carry the schema; "none": unconstrained
+    tool_choice: str = "required"  # tool-calls requests: their tool_choice, or "omit" (no tools sent)
 
 
 @dataclass
@@ -89,6 +98,7 @@ class RequestOutput:
     itl: list[float] = field(default_factory=list)
     text: str = ""
     output_ids: Optional[list[int]] = None  # hf-static only
+    tool_calls: dict[int, dict] = field(default_factory=dict)  # streamed calls: index -> name, arguments
 
 
 # ---------------------------------------------------------------- request functions
@@ -118,6 +128,8 @@ def _openai_payload(target: Target, req: BenchRequest, prompt: Any, args: argpar
         body["json_schema"] = req.json_schema
     else:
         body["response_format"] = {"type": "json_schema", "json_schema": {"name": "answer", "schema": req.json_schema}}
+    if req.tools is not None and target.tool_choice != "omit":
+        body["tools"], body["tool_choice"] = req.tools, target.tool_choice
     body["messages" if target.backend == "openai-chat" else "prompt"] = prompt
     return body
 
@@ -166,8 +178,10 @@ async def send_request(client: httpx.AsyncClient, target: Target, req: BenchRequ
                     usage = ev.get("usage") or usage
                     timings = ev.get("timings") or timings
                     c = (ev.get("choices") or [{}])[0]  # the usage-only last chunk has no choices
-                    delta = ((c.get("delta") or {}).get("content") if "delta" in c else c.get("text")) or ""
-                    grew = bool(delta)
+                    d = c.get("delta") or {}
+                    delta = (d.get("content") if "delta" in c else c.get("text")) or ""
+                    calls = _add_call_deltas(out.tool_calls, d.get("tool_calls") or [])
+                    grew = bool(delta or d.get("reasoning_content") or calls)
                     out.text += delta
                 if grew:
                     if out.ttft == 0.0:
@@ -194,6 +208,23 @@ async def send_request(client: httpx.AsyncClient, target: Target, req: BenchRequ
     if not out.success:
         out.error = "no output tokens"
     return out
+
+
+def _add_call_deltas(calls: dict[int, dict], deltas: list[dict]) -> int:
+    """Merge OpenAI ``delta.tool_calls`` pieces into ``calls``; the characters they carried."""
+    n = 0
+    for d in deltas:
+        fn = d.get("function") or {}
+        call = calls.setdefault(d.get("index", 0), {"name": "", "arguments": ""})
+        call["name"] += fn.get("name") or ""
+        call["arguments"] += fn.get("arguments") or ""
+        n += len(fn.get("name") or "") + len(fn.get("arguments") or "")
+    return n
+
+
+def _valid_calls(o: RequestOutput) -> bool:
+    """At least one call, each named and with arguments that parse as a JSON object."""
+    return bool(o.tool_calls) and all(c["name"] and _valid_json(c["arguments"]) for c in o.tool_calls.values())
 
 
 # ---------------------------------------------------------------- metrics
@@ -297,6 +328,8 @@ async def benchmark(target: Target, requests: list[BenchRequest], args, tokenize
 
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    if any(r.tools is not None for r in requests) and target.backend != "openai-chat":
+        raise RuntimeError("the tool-calls workload needs --backend openai-chat")
     async with httpx.AsyncClient(timeout=httpx.Timeout(args.timeout), limits=limits, headers=headers) as client:
         await _prepare(client, target, requests, args, tokenizer)
         limit = asyncio.Semaphore(args.max_concurrency or 10 ** 9)
@@ -325,8 +358,11 @@ async def benchmark(target: Target, requests: list[BenchRequest], args, tokenize
     metrics = compute_metrics(outputs, duration)
     if args.dataset_name == "json-schema":  # share of outputs that parse as a JSON object
         metrics["json_valid_rate"] = sum(_valid_json(o.text) for o in outputs if o.success) / max(1, len(outputs))
+    if args.dataset_name == "tool-calls":
+        metrics["tool_call_rate"] = sum(_valid_calls(o) for o in outputs if o.success) / max(1, len(outputs))
     errors = sorted({o.error for o in outputs if not o.success})
     return {"label": target.label, "backend": target.backend, "base_url": target.url, "model": target.model,
+            **({"tool_choice": target.tool_choice} if args.dataset_name == "tool-calls" else {}),
             "metrics": metrics, "errors": errors[:10],
             "requests": [{"success": o.success, "prompt_len": o.prompt_len, "output_len": o.output_len,
                           "cached_tokens": o.cached_tokens, "ttft": o.ttft, "latency": o.latency}
@@ -387,7 +423,7 @@ def _valid_json(text: str) -> bool:
 
 ROWS = ["completed", "failed", "duration_s", "request_throughput", "input_throughput", "output_throughput",
         "cache_hit_rate", *[f"{s}_{n}_ms" for n in ("ttft", "tpot", "itl", "e2e_latency") for s in ("mean", "median", "p99")],
-        "concurrency", "json_valid_rate"]
+        "concurrency", "json_valid_rate", "tool_call_rate"]
 
 
 def report(results: list[dict]) -> list[dict]:
@@ -411,8 +447,12 @@ def report(results: list[dict]) -> list[dict]:
 
 def parse_targets(args: argparse.Namespace) -> list[Target]:
     urls = args.base_url or ["http://127.0.0.1:30000"]
+    choices = args.tool_choice or ["required"]
+    if len(urls) == 1 and len(choices) > 1:  # one server, once per tool_choice
+        label, _, url = urls[0].rpartition("=") if "=" in urls[0].split("://")[0] else ("", "", urls[0])
+        urls = [f"{label or (args.backend or ['radixlm'])[0]}-{c}={url}" for c in choices]
     n = len(urls)
-    for name in ("backend", "model", "json_schema_field"):
+    for name in ("backend", "model", "json_schema_field", "tool_choice"):
         vals = getattr(args, name) or []
         if len(vals) not in (0, 1, n):
             raise SystemExit(f"--{name.replace('_', '-')} given {len(vals)} times; give it once or once per "
@@ -429,8 +469,11 @@ def parse_targets(args: argparse.Namespace) -> list[Target]:
         schema_field = fields[i if len(fields) == n else 0]
         if schema_field not in SCHEMA_FIELDS:
             raise SystemExit(f"unknown --json-schema-field {schema_field!r}; one of {SCHEMA_FIELDS}")
+        choice = choices[i if len(choices) == n else 0]
+        if choice not in TOOL_CHOICES:
+            raise SystemExit(f"unknown --tool-choice {choice!r}; one of {TOOL_CHOICES}")
         targets.append(Target(label or f"{backend}{i if n > 1 else ''}", url.rstrip("/"), backend,
-                              models[i if len(models) == n else 0], schema_field))
+                              models[i if len(models) == n else 0], schema_field, choice))
     return targets
 
 
@@ -457,6 +500,10 @@ def build_parser() -> argparse.ArgumentParser:
                          "the schema on OpenAI backends (auto: json_schema for /v1/completions, response_format "
                          "for chat; vLLM's completions want response_format); none: send no schema (the "
                          "unconstrained baseline on the same prompts, any backend)")
+    ap.add_argument("--tool-choice", action="append",
+                    help=f"one of {TOOL_CHOICES}; once, once per --base-url, or several with one --base-url (that "
+                         "server once per value). tool-calls requests send their tools with this tool_choice "
+                         "(default required); omit sends them without tools")
     ap.add_argument("--hf-batch-size", type=int, default=32, help="hf-static: requests per generate call")
     ap.add_argument("--hf-threads", type=int, default=None,
                     help="hf-static: torch.set_num_threads (default: torch's, i.e. OMP_NUM_THREADS)")

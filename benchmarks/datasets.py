@@ -19,6 +19,12 @@ Workloads (SGLang's ``bench_serving`` names):
 - ``json-schema``: prompts asking for a JSON object, each with its own small schema (object with 2–4
   typed, bounded properties) passed as ``sampling_params.json_schema`` (native) or
   ``response_format`` (OpenAI); EOS is honoured (the grammar ends the output).
+- ``tool-calls``: agent-style chat requests: a system prompt, a user request for one of four
+  realistic tools (weather, flights, calendar, stock price; slot values drawn from the seed), and
+  all four tool definitions (``TOOLS``, OpenAI chat shape) with every request, as agents send them.
+  The runner sends them with the target's ``tool_choice`` (``required`` / ``auto`` / ``none``, or
+  ``omit``: no tools at all), so one run compares the constrained calls with the same requests
+  unconstrained. EOS is honoured (the grammar ends a call); ``output_len`` is the cap.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-DATASETS = ("random", "generated-shared-prefix", "multi-turn", "json-schema")
+DATASETS = ("random", "generated-shared-prefix", "multi-turn", "json-schema", "tool-calls")
 
 
 @dataclass
@@ -49,6 +55,7 @@ class BenchRequest:
     conversation: Optional[int] = None
     turn: Optional[int] = None
     group: Optional[int] = None
+    tools: Optional[list[dict]] = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -165,11 +172,70 @@ def sample_json_schema(tok: Any, num_prompts: int, input_len: tuple[int, int], o
     return out
 
 
+def _tool(name: str, description: str, properties: dict, required: list[str]) -> dict:
+    return {"type": "function", "function": {"name": name, "description": description, "parameters": {
+        "type": "object", "properties": properties, "required": required, "additionalProperties": False}}}
+
+
+_DATE = {"type": "string", "pattern": "^2027-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9])$", "description": "YYYY-MM-DD"}
+TOOLS = [
+    _tool("get_weather", "Get the current weather and today's forecast for a city.",
+          {"city": {"type": "string", "maxLength": 32, "description": "city name, e.g. Paris"},
+           "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}, ["city", "unit"]),
+    _tool("search_flights", "Search one-way flights between two airports on a date.",
+          {"origin": {"type": "string", "pattern": "^[A-Z]{3}$", "description": "IATA code of the departure airport"},
+           "destination": {"type": "string", "pattern": "^[A-Z]{3}$", "description": "IATA code of the arrival airport"},
+           "date": _DATE, "passengers": {"type": "integer", "minimum": 1, "maximum": 9}},
+          ["origin", "destination", "date", "passengers"]),
+    _tool("create_calendar_event", "Create an event in the user's calendar.",
+          {"title": {"type": "string", "maxLength": 48}, "date": _DATE,
+           "start_time": {"type": "string", "pattern": "^([01][0-9]|2[0-3]):[0-5][0-9]$", "description": "HH:MM"},
+           "duration_minutes": {"type": "integer", "minimum": 5, "maximum": 480},
+           "attendees": {"type": "array", "items": {"type": "string", "maxLength": 32}, "maxItems": 4}},
+          ["title", "date", "start_time", "duration_minutes"]),
+    _tool("get_stock_price", "Get the latest trading price of a stock.",
+          {"ticker": {"type": "string", "pattern": "^[A-Z]{1,5}$", "description": "ticker symbol, e.g. AAPL"}},
+          ["ticker"]),
+]
+TOOL_SYSTEM = "You are a helpful assistant. Use the tools to answer; call a tool whenever it can help."
+_CITIES = ["Paris", "Tokyo", "Lima", "Oslo", "Cairo", "Denver", "Seoul", "Madrid", "Nairobi", "Toronto"]
+_AIRPORTS = ["CDG", "JFK", "LHR", "NRT", "SFO", "DXB", "SIN", "GRU", "FRA", "SYD"]
+_TICKERS = ["AAPL", "MSFT", "NVDA", "AMZN", "TSLA", "IBM", "ORCL", "INTC"]
+_EVENTS = ["team sync", "dentist", "lunch with Sam", "project review", "yoga class", "call with the bank"]
+
+
+def _tool_ask(rng: random.Random) -> str:
+    day = f"2027-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}"
+    kind = rng.randrange(4)
+    if kind == 0:
+        return f"What's the weather like in {rng.choice(_CITIES)} right now, in {rng.choice(['celsius', 'fahrenheit'])}?"
+    if kind == 1:
+        a, b = rng.sample(_AIRPORTS, 2)
+        return f"Find me a flight from {a} to {b} on {day} for {rng.randint(1, 4)} people."
+    if kind == 2:
+        return (f"Put '{rng.choice(_EVENTS)}' in my calendar on {day} at {rng.randint(8, 18):02d}:"
+                f"{rng.choice(['00', '30'])} for {rng.choice([15, 30, 45, 60, 90])} minutes.")
+    return f"How much is {rng.choice(_TICKERS)} trading at?"
+
+
+def sample_tool_calls(tok: Any, num_prompts: int, output_len: int, seed: int = 0) -> list[BenchRequest]:
+    """``num_prompts`` tool-use requests (system + user message, ``TOOLS``); ``prompt_len`` counts the
+    two messages only (the server's count adds the template and the rendered tools)."""
+    rng, tm = random.Random(seed), TextMaker(tok)
+    out = []
+    for _ in range(num_prompts):
+        user = _tool_ask(rng)
+        out.append(BenchRequest(prompt=f"{TOOL_SYSTEM}\n{user}", prompt_len=tm.count(TOOL_SYSTEM) + tm.count(user),
+                                output_len=output_len, user=user, system=TOOL_SYSTEM, ignore_eos=False,
+                                tools=TOOLS))
+    return out
+
+
 def add_dataset_args(ap: argparse.ArgumentParser) -> None:
     """The dataset flags (SGLang-like names)."""
     g = ap.add_argument_group("dataset")
     g.add_argument("--dataset-name", choices=DATASETS, default="random")
-    g.add_argument("--num-prompts", type=int, default=64, help="random / json-schema: number of prompts")
+    g.add_argument("--num-prompts", type=int, default=64, help="random / json-schema / tool-calls: number of prompts")
     g.add_argument("--random-input-len", type=int, nargs=2, default=[64, 512], metavar=("MIN", "MAX"))
     g.add_argument("--random-output-len", type=int, nargs=2, default=[32, 128], metavar=("MIN", "MAX"))
     g.add_argument("--gsp-num-groups", type=int, default=8)
@@ -183,6 +249,7 @@ def add_dataset_args(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--mt-output-len", type=int, default=32)
     g.add_argument("--json-input-len", type=int, nargs=2, default=[32, 128], metavar=("MIN", "MAX"))
     g.add_argument("--json-output-len", type=int, default=96)
+    g.add_argument("--tool-output-len", type=int, default=128, help="tool-calls: max output tokens per request")
 
 
 def build_dataset(args: argparse.Namespace, tok: Any) -> list[BenchRequest]:
@@ -199,6 +266,8 @@ def build_dataset(args: argparse.Namespace, tok: Any) -> list[BenchRequest]:
                                  args.mt_output_len, seed)
     if name == "json-schema":
         return sample_json_schema(tok, args.num_prompts, tuple(args.json_input_len), args.json_output_len, seed)
+    if name == "tool-calls":
+        return sample_tool_calls(tok, args.num_prompts, args.tool_output_len, seed)
     raise ValueError(f"unknown dataset {name!r}")
 
 
@@ -208,5 +277,6 @@ def describe(args: argparse.Namespace) -> dict:
             "generated-shared-prefix": ("gsp_num_groups", "gsp_prompts_per_group", "gsp_system_prompt_len",
                                         "gsp_question_len", "gsp_output_len"),
             "multi-turn": ("mt_conversations", "mt_turns", "mt_turn_len", "mt_output_len"),
-            "json-schema": ("num_prompts", "json_input_len", "json_output_len")}[args.dataset_name]
+            "json-schema": ("num_prompts", "json_input_len", "json_output_len"),
+            "tool-calls": ("num_prompts", "tool_output_len")}[args.dataset_name]
     return {"name": args.dataset_name, "seed": args.seed, **{k: getattr(args, k) for k in keys}}

@@ -16,6 +16,9 @@ Workloads (full size; ``QUICK`` ones in ``QUICK_WORKLOADS``), greedy, EOS ignore
 - ``json_schema``: json-schema, 32 prompts, input 32–128, output ≤ 96, max concurrency 16:
   radixlm constrained vs ``radixlm-free`` (the same server, no schema sent), and vLLM likewise
   (``response_format``) when it runs. The target is the ratio of mean TPOTs.
+- ``tool_calls``: tool-calls, 16 agent requests (4 tools each), output ≤ 128, max concurrency 4, on
+  radixlm's ``/v1/chat/completions``: ``tool_choice`` required (calls forced by the grammar), auto, and
+  none (the same requests, tools left out of the prompt, no grammar). The target: TPOT ÷ none.
 - ``sweep_c{1,4,16,64}``: decode-heavy's shape (input 64–128, output 128) at max concurrency c with
   max(8, 2c) requests; hf-static batch c. For the throughput-vs-concurrency plot.
 
@@ -63,6 +66,8 @@ def workloads(quick: bool) -> list[tuple[str, Optional[tuple[str, ...]], list[st
             ("json_schema", ("radixlm", "vllm"), ["--dataset-name", "json-schema", "--num-prompts", "2",
                                                   "--json-input-len", "16", "32", "--json-output-len", "48",
                                                   "--max-concurrency", "2"]),
+            ("tool_calls", ("radixlm",), ["--dataset-name", "tool-calls", "--num-prompts", "2",
+                                          "--tool-output-len", "64", "--max-concurrency", "2"]),
             *[(f"sweep_c{c}", NO_NOCACHE, _random(2 * c, (8, 16), (8, 8), c, c)) for c in QUICK_SWEEP],
             ("busy2_c1", NO_NOCACHE, [*_random(2, (8, 16), (8, 8), 1, 1), "--busy-procs", "2"]),
         ]
@@ -75,6 +80,8 @@ def workloads(quick: bool) -> list[tuple[str, Optional[tuple[str, ...]], list[st
         ("json_schema", ("radixlm", "vllm"), ["--dataset-name", "json-schema", "--num-prompts", "32",
                                               "--json-input-len", "32", "128", "--json-output-len", "96",
                                               "--max-concurrency", "16"]),
+        ("tool_calls", ("radixlm",), ["--dataset-name", "tool-calls", "--num-prompts", "16",
+                                      "--tool-output-len", "128", "--max-concurrency", "4"]),
         *[(f"sweep_c{c}", NO_NOCACHE, _random(max(8, 2 * c), (64, 128), (128, 128), c, c)) for c in SWEEP],
         # Contention: shared_prefix and concurrency 1 again with two busy processes beside the servers;
         # compare each system's row with its quiet one (the fraction of throughput it keeps).
@@ -107,7 +114,8 @@ def parse_targets(flags: list[str]) -> tuple[list[str], list[tuple[str, str, str
 
 def target_flags(name: str, labels: Optional[tuple[str, ...]], targets: list[tuple[str, str, str]]) -> list[str]:
     """bench_serving target flags for one workload: the wanted labels, in run_peers order; for
-    json_schema each server twice, constrained (``auto`` / vLLM ``response_format``) and ``-free``."""
+    json_schema each server twice, constrained (``auto`` / vLLM ``response_format``) and ``-free``;
+    for tool_calls each server three times on its chat route, ``-required``, ``-auto`` and ``-none``."""
     flags: list[str] = []
     for label, url, backend in targets:
         if labels is not None and label not in labels:
@@ -116,6 +124,9 @@ def target_flags(name: str, labels: Optional[tuple[str, ...]], targets: list[tup
             field = "response_format" if label == "vllm" else "auto"
             for lab, f in ((label, field), (f"{label}-free", "none")):
                 flags += ["--base-url", f"{lab}={url}", "--backend", backend, "--json-schema-field", f]
+        elif name == "tool_calls":
+            for choice in ("required", "auto", "none"):
+                flags += ["--base-url", f"{label}-{choice}={url}", "--backend", "openai-chat", "--tool-choice", choice]
         else:
             flags += ["--base-url", f"{label}={url}", "--backend", backend]
     return flags

@@ -6,6 +6,8 @@ A table per workload JSON, a row per target: output throughput (tok/s) and radix
 (radixlm ÷ target: the issue's targets are "radixlm ≥ N× peer"), request throughput (req/s),
 median TTFT / TPOT / end-to-end latency (ms), cache hit rate. ``json_schema``: mean TPOT (ms) per
 target and its ratio to the same server unconstrained (``<label>-free``; the issue's target is ≤ 1.2).
+``tool_calls``: per target its ``tool_choice``, median TTFT, mean TPOT and their ratios to the same
+server with ``tool_choice`` none (or omit), output tok/s, the share of requests that produced valid calls.
 ``sweep_c*`` JSONs: one table of output throughput (tok/s) per target × max concurrency.
 Skipped targets appear with the reason. Missing metrics print as ``–``.
 """
@@ -18,7 +20,7 @@ import re
 from pathlib import Path
 from typing import Any, Optional
 
-ORDER = ["shared_prefix", "decode_heavy", "random", "json_schema"]
+ORDER = ["shared_prefix", "decode_heavy", "random", "json_schema", "tool_calls"]
 
 
 def fmt(v: Any, digits: int = 3) -> str:
@@ -82,6 +84,35 @@ def json_schema_table(payload: dict) -> list[str]:
     return lines
 
 
+def _server_label(t: dict) -> str:
+    """A tool-calls target's label without its ``-<tool_choice>`` suffix."""
+    suffix = f"-{t.get('tool_choice')}"
+    return t["label"][:-len(suffix)] if t["label"].endswith(suffix) else t["label"]
+
+
+def tool_calls_table(payload: dict) -> list[str]:
+    """Rows per target: tool_choice, TTFT / TPOT and their ratios to the same server unconstrained
+    (tool_choice none or omit), output tok/s, valid-call rate."""
+    targets = payload["targets"]
+    lines = ["| system | tool_choice | TTFT p50 (ms) | TTFT ÷ unconstrained | mean TPOT (ms) | TPOT ÷ unconstrained "
+             "| output tok/s | valid calls |", "|---|---|---|---|---|---|---|---|"]
+    for t in targets:
+        if t.get("skipped"):
+            lines.append(f"| {t['label']} | {t.get('tool_choice', '')} | skipped: {t['skipped'][:80]} | | | | | |")
+            continue
+        m = t["metrics"]
+        free = next((u["metrics"] for u in targets if not u.get("skipped") and _server_label(u) == _server_label(t)
+                     and u.get("tool_choice") in ("none", "omit")), {})
+
+        def ratio(key: str) -> Optional[float]:
+            return m[key] / free[key] if free.get(key) and m.get(key) and free is not m else None
+
+        lines.append(f"| {t['label']} | {t.get('tool_choice', '')} | {fmt(m['median_ttft_ms'])} "
+                     f"| {fmt(ratio('median_ttft_ms'))} | {fmt(m['mean_tpot_ms'])} | {fmt(ratio('mean_tpot_ms'))} "
+                     f"| {fmt(m['output_throughput'])} | {fmt(m.get('tool_call_rate'))} |")
+    return lines
+
+
 def sweep_table(payloads: dict[int, dict]) -> list[str]:
     """Output tok/s per target (rows) × max concurrency (columns)."""
     concs = sorted(payloads)
@@ -116,7 +147,9 @@ def summarize(results_dir: Path) -> str:
         if not p.exists():
             continue
         payload = json.loads(p.read_text())
-        table = json_schema_table(payload) if payload["dataset"]["name"] == "json-schema" else throughput_table(payload)
+        kind = payload["dataset"]["name"]
+        table = json_schema_table(payload) if kind == "json-schema" else tool_calls_table(payload) \
+            if kind == "tool-calls" else throughput_table(payload)
         parts.append("\n".join([f"### {name}", "", describe(payload), "", *table]))
     sweep = sweep_payloads(results_dir)
     if sweep:

@@ -33,7 +33,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from radixlm.managers.tokenizer_manager import MAX_SEQUENCES_PER_REQUEST
-from radixlm.srt.openai_api import protocol
+from radixlm.srt.openai_api import protocol, responses_protocol
 from radixlm.srt.sampling_params import SamplingParams
 
 JSON = "application/json"
@@ -89,6 +89,13 @@ OPERATIONS: dict[str, dict[str, Operation]] = {
     "/v1/chat/completions": {"post": Operation("OpenAI chat completions", "ChatCompletionRequest",
                                                {JSON: _ref("ChatCompletionResponse"), SSE: None}, _COMPLETION_ERRORS,
                                                True)},
+    "/v1/responses": {"post": Operation("OpenAI Responses API (events with stream: true)", "ResponsesRequest",
+                                        {JSON: _ref("ResponseObject"), SSE: None}, _COMPLETION_ERRORS, True)},
+    "/v1/responses/{response_id}": {
+        "get": Operation("A stored response (404: unknown, sent with store: false, or evicted)",
+                         ok={JSON: _ref("ResponseObject")}, errors=(404,), openai=True),
+        "delete": Operation("Forget a stored response", ok={JSON: _ref("ResponseDeleted")}, errors=(404,),
+                            openai=True)},
 }
 
 # Ranges of SamplingParams.verify (and the context / vocabulary / fan-out limits of the TokenizerManager).
@@ -167,7 +174,9 @@ def _model_schemas(context_len: int, vocab_size: Optional[int]) -> dict:
         (GenerateReqInput, "validation"), (AbortReqInput, "validation"),
         (protocol.CompletionRequest, "validation"), (protocol.ChatCompletionRequest, "validation"),
         (protocol.CompletionResponse, "serialization"), (protocol.ChatCompletionResponse, "serialization"),
-        (protocol.ModelList, "serialization"), (protocol.ModelCard, "serialization")]
+        (protocol.ModelList, "serialization"), (protocol.ModelCard, "serialization"),
+        (responses_protocol.ResponsesRequest, "validation"), (responses_protocol.ResponseObject, "serialization"),
+        (responses_protocol.ResponseDeleted, "serialization")]
     _, generated = models_json_schema(models, ref_template="#/components/schemas/{model}")
     schemas = generated["$defs"]
     generate = schemas.pop("GenerateReqInput")

@@ -46,6 +46,10 @@ class ServerArgs:
     reasoning_parser: Optional[str] = field(default=None, metadata={"help": (
         "split <think> reasoning into message.reasoning_content: deepseek-r1|qwen3|qwen3-thinking|deepseek-v3|"
         "glm45|kimi (default: off, the reasoning stays in content)")})
+    responses_store_size: int = field(default=1024, metadata={"help": (
+        "how many /v1/responses answers are kept in memory (those with store: true, which is what OpenAI assumes "
+        "when a request leaves it out) for GET /v1/responses/{id} and previous_response_id, the oldest dropped "
+        "first; 0: none, store is then false")})
     host: str = field(default="127.0.0.1", metadata={"help": "HTTP bind address"})
     port: int = field(default=30000, metadata={"help": "HTTP port"})
     api_key: Optional[str] = field(default=None, metadata={"help": "require 'Authorization: Bearer KEY' on every route but /health"})
@@ -109,6 +113,8 @@ class ServerArgs:
             raise ServerArgsError(f"--page-size must be a power of two, got {self.page_size}")
         if self.cpu_threads is not None and self.cpu_threads < 1:
             raise ServerArgsError(f"--cpu-threads must be >= 1, got {self.cpu_threads}")
+        if self.responses_store_size < 0:
+            raise ServerArgsError(f"--responses-store-size must be >= 0, got {self.responses_store_size}")
         if self.tp_size < 1:
             raise ServerArgsError(f"--tp-size must be >= 1, got {self.tp_size}")
         if self.chunked_prefill_size != -1 and self.chunked_prefill_size < 1:

@@ -15,6 +15,8 @@ before them) are never scanned again.
 Whitespace next to a region belongs to it (it is not content), so ``"<tool_call>..</tool_call>\\n"``
 has no content; between text before and text after a region it is kept (``"a <call> b"`` has
 content ``"a b"``). Trailing whitespace of content is held back while a region may still follow.
+``offsets[k]`` says where call ``k``'s region stands in ``content`` (the length of the content
+before it), so the Responses API can order message and call items as they came in the text.
 """
 
 from __future__ import annotations
@@ -164,11 +166,13 @@ class ToolCallStream:
         self._after_region = False  # only whitespace since the last region (held in ``_gap``)
         self._gap = ""
         self._done: list[ParsedCall] = []
+        self._done_offsets: list[int] = []
         self._sent_text = 0
         self._sent_args: list[int] = []
         self.ids: list[str] = []
         self.content = ""
         self.calls: list[ParsedCall] = []
+        self.offsets: list[int] = []  # per call: where in ``content`` its region stands
 
     def feed(self, text: str) -> StreamDelta:
         """Add output text; return what is new."""
@@ -194,7 +198,7 @@ class ToolCallStream:
                 piece = piece.lstrip()
         self._settled += piece
 
-    def _snapshot(self, final: bool) -> tuple[str, list[ParsedCall]]:
+    def _snapshot(self, final: bool) -> tuple[str, list[ParsedCall], list[int]]:
         text, pos = self._text, self._pos
         pending: list[ParsedCall] = []
         while True:
@@ -216,17 +220,19 @@ class ToolCallStream:
             else:
                 self._settled = self._settled.rstrip()  # never sent: trailing whitespace is held
                 self._done.extend(scan.calls)
+                self._done_offsets.extend([len(self._settled)] * len(scan.calls))
                 self._after_region, self._gap = True, ""
             pos = end
         self._pos = pos
         content = self._settled.rstrip() if pending else self._settled
         calls = self._done + pending
+        offsets = self._done_offsets + [len(content)] * len(pending)
         if final:  # a call cut before its arguments began still gets a JSON object
             calls = [c if c.arguments else ParsedCall(c.name, "{}", c.complete) for c in calls]
-        return content, calls
+        return content, calls, offsets
 
     def _emit(self, final: bool) -> StreamDelta:
-        content, calls = self._snapshot(final)
+        content, calls, offsets = self._snapshot(final)
         if not final:
             content = content.rstrip() if content.strip() else ""
         out = StreamDelta(text=content[self._sent_text:])
@@ -240,7 +246,7 @@ class ToolCallStream:
             if piece:
                 out.calls.append(CallDelta(k, piece))
                 self._sent_args[k] = len(call.arguments)
-        self.content, self.calls = content, calls
+        self.content, self.calls, self.offsets = content, calls, offsets
         return out
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any, Optional
 
 from fastapi import Request
@@ -80,8 +81,28 @@ def _other_constraint(req: ChatCompletionRequest) -> Optional[str]:
     return "regex" if req.regex is not None else "ebnf" if req.ebnf is not None else None
 
 
-async def create_chat_completion(ctx: ServingContext, req: ChatCompletionRequest, request: Request) -> Response:
-    """Render, validate, submit and answer (JSON or SSE)."""
+@dataclass
+class PreparedChat:
+    """A chat request rendered, checked and admitted (``prepare_chat``): the prompt's token ids, the
+    tool plan, what ``ChoiceOutput`` gets (the reasoning split, None when off or with
+    ``separate_reasoning: false``; the tool-call parser, None when the output is not parsed for
+    calls), the TokenizerManager's prepared request and the number of top logprobs."""
+
+    prompt_ids: list[int]
+    plan: ToolPlan
+    reasoning: Any
+    tool_parser: Any
+    prep: Any
+    top_n: int
+
+
+async def prepare_chat(ctx: ServingContext, req: ChatCompletionRequest) -> PreparedChat:
+    """Everything before generation, shared by ``/v1/chat/completions`` and ``/v1/responses``: checks,
+    rendering, the tool plan and its grammar, tokenizing, the token budget, admission.
+
+    Raises:
+        OpenAIError(400 ...): any problem of the request (named by its chat field).
+    """
     _check_unsupported(req)
     n = req.n or 1
     schema = _response_format_schema(req.response_format)
@@ -102,7 +123,14 @@ async def create_chat_completion(ctx: ServingContext, req: ChatCompletionRequest
     prep = await ctx.tm.prepare(greq)
     ctx.tm.check_admission(prep)
     separate = reasoning if req.separate_reasoning is not False else None
-    state = _ChatState(ctx, req, n, prompt_ids, top_n, separate, ctx.tool_parser if plan.parse else None)
+    return PreparedChat(prompt_ids, plan, separate, ctx.tool_parser if plan.parse else None, prep, top_n)
+
+
+async def create_chat_completion(ctx: ServingContext, req: ChatCompletionRequest, request: Request) -> Response:
+    """Render, validate, submit and answer (JSON or SSE)."""
+    chat = await prepare_chat(ctx, req)
+    n, prompt_ids, prep = req.n or 1, chat.prompt_ids, chat.prep
+    state = _ChatState(ctx, req, n, prompt_ids, chat.top_n, chat.reasoning, chat.tool_parser)
     if req.stream:
         return StreamingResponse(guarded_stream(state.stream(prep, request)), media_type="text/event-stream")
     results = await run_to_completion(ctx.tm, prep, request)

@@ -68,6 +68,15 @@ class ChoiceOutput:
         return out
 
     @property
+    def call_offsets(self) -> list[int]:
+        """Per call so far: the length of the content before it (``ToolCallStream.offsets``)."""
+        return self._tools.offsets if self._tools is not None else []
+
+    def call_complete(self, k: int) -> bool:
+        """Whether call ``k``'s arguments are whole (not cut by the token limit)."""
+        return self._tools is not None and k < len(self._tools.calls) and self._tools.calls[k].complete
+
+    @property
     def has_tool_calls(self) -> bool:
         return self._tools is not None and bool(self._tools.calls)
 

@@ -6,6 +6,8 @@
   model name (``--served-model-name``, else the model path), with ``max_model_len``.
 - ``POST /v1/completions`` (``completions.py``) and ``POST /v1/chat/completions`` (``chat.py``).
   Any ``model`` value is accepted (one model per server); responses report the served name.
+- ``POST /v1/responses``, ``GET`` and ``DELETE /v1/responses/{id}`` (``responses.py``; stored
+  responses live in this process's memory, the newest ``--responses-store-size``).
 
 Every error of these routes is OpenAI-shaped, ``{"error": {"message", "type", "param", "code"}}``
 (``common.error_body``): 400 for bad input (never a 500 for a client error), 404, 503 when
@@ -30,6 +32,7 @@ from radixlm.srt.openai_api.common import ServingContext, error_json
 from radixlm.srt.openai_api.completions import create_completion
 from radixlm.srt.openai_api.protocol import (ChatCompletionRequest, CompletionRequest, ModelCard, ModelList,
                                              OpenAIError)
+from radixlm.srt.openai_api import responses
 from radixlm.srt.openai_api.tool_request import ToolValidator
 
 logger = logging.getLogger(__name__)
@@ -130,5 +133,23 @@ def create_openai_router(tm: Any, server_args: Any, model_info: dict, tokenizer:
     async def chat_completions(request: Request) -> Response:
         req = ChatCompletionRequest.model_validate_json(await request.body())
         return await create_chat_completion(ctx, req, request)
+
+    store = responses.ResponseStore(int(getattr(server_args, "responses_store_size", responses.DEFAULT_STORE_SIZE)))
+
+    @router.post("/v1/responses")
+    @_openai_errors
+    async def create_response(request: Request) -> Response:
+        req = responses.parse_request(await request.body())
+        return await responses.create_response(ctx, store, req, request)
+
+    @router.get("/v1/responses/{response_id:path}")
+    @_openai_errors
+    async def retrieve_response(response_id: str) -> Response:
+        return responses.retrieve(store, response_id)
+
+    @router.delete("/v1/responses/{response_id:path}")
+    @_openai_errors
+    async def delete_response(response_id: str) -> Response:
+        return responses.delete(store, response_id)
 
     return router

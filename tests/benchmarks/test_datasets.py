@@ -1,5 +1,5 @@
 """The synthetic workloads: deterministic from the seed, exact token lengths, exact shared-prefix
-structure, multi-turn and json-schema shapes."""
+structure, multi-turn, json-schema and tool-calls shapes."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def _args(ds, **kw) -> argparse.Namespace:
     return args
 
 
-@pytest.mark.parametrize("name", ["random", "generated-shared-prefix", "multi-turn", "json-schema"])
+@pytest.mark.parametrize("name", ["random", "generated-shared-prefix", "multi-turn", "json-schema", "tool-calls"])
 def test_same_seed_same_prompts(ds, stories_tok, name):
     small = dict(num_prompts=6, gsp_num_groups=2, gsp_prompts_per_group=3, gsp_system_prompt_len=40,
                  mt_conversations=2, mt_turns=2)
@@ -65,6 +65,19 @@ def test_json_schema_requests(ds, stories_tok):
         jsonschema.Draft202012Validator.check_schema(r.json_schema)
         assert not r.ignore_eos and r.prompt_len == len(stories_tok.encode(r.prompt, add_special_tokens=False))
         assert all(name in r.prompt for name in r.json_schema["properties"])
+
+
+def test_tool_calls_requests(ds, stories_tok):
+    jsonschema = pytest.importorskip("jsonschema")
+    reqs = ds.sample_tool_calls(stories_tok, 12, 96, seed=0)
+    names = [t["function"]["name"] for t in ds.TOOLS]
+    assert names == ["get_weather", "search_flights", "create_calendar_event", "get_stock_price"]
+    for tool in ds.TOOLS:
+        jsonschema.Draft202012Validator.check_schema(tool["function"]["parameters"])
+    for r in reqs:
+        assert r.tools == ds.TOOLS and r.system == ds.TOOL_SYSTEM and r.user and not r.ignore_eos
+        assert r.output_len == 96 and r.prompt_len > 0
+    assert len({r.user for r in reqs}) > 6  # varied requests
 
 
 def test_smollm2_tokenizer_lengths_exact(ds):

@@ -1,10 +1,12 @@
-"""One short live run of bench_serving against a real stories260K server (native ``/generate``,
-plus radixlm's OpenAI ``/v1/completions`` side by side when the server has it), and the
-``radixlm bench serving`` entry point."""
+"""Short live runs of bench_serving against a real stories260K server (native ``/generate``, plus
+radixlm's OpenAI ``/v1/completions`` side by side when the server has it; the tool-calls workload on
+``/v1/chat/completions`` with and without the tool grammar), and the ``radixlm bench serving`` entry
+point."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import httpx
 import pytest
@@ -14,10 +16,12 @@ try:  # ``python -m pytest`` (repo root on sys.path), as tests/gpu does
 except ModuleNotFoundError:  # plain ``pytest``: tests/ itself is on sys.path
     from server.helpers import BASE_ARGS, ServerProcess
 
+HERMES = Path(__file__).resolve().parents[1] / "openai_api" / "hermes.jinja"  # a template with tools
+
 
 @pytest.fixture(scope="module")
 def server(stories_path):
-    srv = ServerProcess.start(["--model-path", stories_path, *BASE_ARGS])
+    srv = ServerProcess.start(["--model-path", stories_path, *BASE_ARGS, "--chat-template", str(HERMES)])
     yield srv
     assert srv.stop() == 0
 
@@ -45,6 +49,30 @@ def test_shared_prefix_run_writes_sane_json(bench, server, tmp_path):
         assert m["cache_hit_rate"] > 0, target  # the shared system prompts hit the radix cache
         assert len(target["requests"]) == 8
     assert [row["metric"] for row in payload["table"]][:2] == ["completed", "failed"]
+
+
+def test_tool_calls_with_and_without_the_constraint(bench, server, tmp_path, capsys):
+    """One server, three tool_choice values side by side; required is all valid calls (the grammar),
+    none is plain text (no tools in the prompt)."""
+    out = tmp_path / "tools.json"
+    bench.main(["--base-url", f"radixlm={server.url}", "--backend", "openai-chat", "--dataset-name", "tool-calls",
+                "--num-prompts", "4", "--tool-output-len", "160", "--max-concurrency", "2", "--tool-choice", "required",
+                "--tool-choice", "auto", "--tool-choice", "none", "--disable-tqdm", "--output", str(out)])
+    payload = json.loads(out.read_text())
+    assert payload["dataset"] == {"name": "tool-calls", "seed": 0, "num_prompts": 4, "tool_output_len": 160}
+    targets = {t["label"]: t for t in payload["targets"]}
+    assert list(targets) == ["radixlm-required", "radixlm-auto", "radixlm-none"]
+    for label, t in targets.items():
+        m = t["metrics"]
+        assert t["tool_choice"] == label.split("-")[1] and (m["completed"], m["failed"]) == (4, 0), t
+        assert 0 < m["median_ttft_ms"] <= m["median_e2e_latency_ms"] and m["mean_tpot_ms"] > 0
+    assert targets["radixlm-required"]["metrics"]["tool_call_rate"] == 1.0
+    assert targets["radixlm-none"]["metrics"]["tool_call_rate"] == 0.0
+    # the rendered tools make the constrained prompts longer than the same requests without them
+    inputs = {k: t["metrics"]["total_input_tokens"] for k, t in targets.items()}
+    assert inputs["radixlm-required"] == inputs["radixlm-auto"] > inputs["radixlm-none"]
+    table = capsys.readouterr().out
+    assert "tool_call_rate" in table and "radixlm-none/radixlm-required" in table
 
 
 def server_model(server) -> str:

@@ -62,6 +62,31 @@ def test_parse_targets(bench):
     assert [(x.label, x.url, x.backend) for x in t] == [("a", "http://h:1", "radixlm"), ("openai1", "http://h:2", "openai")]
     with pytest.raises(SystemExit):
         bench.parse_targets(ap.parse_args(["--base-url", "http://x", "--backend", "a", "--backend", "b"]))
+    # several --tool-choice values with one server: that server once per value
+    t = bench.parse_targets(ap.parse_args(["--base-url", "r=http://h:1", "--backend", "openai-chat",
+                                           "--tool-choice", "required", "--tool-choice", "none"]))
+    assert [(x.label, x.url, x.tool_choice) for x in t] == [("r-required", "http://h:1", "required"),
+                                                            ("r-none", "http://h:1", "none")]
+    with pytest.raises(SystemExit):
+        bench.parse_targets(ap.parse_args(["--tool-choice", "sometimes"]))
+
+
+def test_tool_call_payload_and_stream_merging(bench, ds, stories_tok):
+    req = ds.sample_tool_calls(stories_tok, 1, 32)[0]
+    args = bench.build_parser().parse_args([])
+    target = bench.Target("t", "http://h", "openai-chat", "m", tool_choice="required")
+    body = bench._openai_payload(target, req, bench._prompt_for(target, req), args)
+    assert body["tools"] == ds.TOOLS and body["tool_choice"] == "required" and "ignore_eos" not in body
+    assert [m["role"] for m in body["messages"]] == ["system", "user"]
+    target.tool_choice = "omit"
+    assert "tools" not in bench._openai_payload(target, req, body["messages"], args)
+    out = bench.RequestOutput()
+    n = bench._add_call_deltas(out.tool_calls, [{"index": 0, "id": "c", "type": "function",
+                                                 "function": {"name": "get_weather", "arguments": ""}}])
+    n += bench._add_call_deltas(out.tool_calls, [{"index": 0, "function": {"arguments": '{"city": "Oslo"}'}}])
+    assert n == len("get_weather") + len('{"city": "Oslo"}') and bench._valid_calls(out)
+    out.tool_calls[1] = {"name": "get_time", "arguments": '{"zone": '}  # cut short: not valid
+    assert not bench._valid_calls(out) and not bench._valid_calls(bench.RequestOutput())
 
 
 def test_report_ratios(bench, capsys):

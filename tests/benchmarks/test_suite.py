@@ -41,6 +41,11 @@ def results(tmp_path):
     (d / "json_schema.json").write_text(json.dumps(_payload("json-schema", [
         _target("radixlm", 40.0, mean_tpot_ms=22.0, json_valid_rate=1.0),
         _target("radixlm-free", 45.0, mean_tpot_ms=20.0, json_valid_rate=0.0)], conc=16)))
+    (d / "tool_calls.json").write_text(json.dumps(_payload("tool-calls", [
+        {**_target("radixlm-required", 30.0, mean_tpot_ms=30.0, median_ttft_ms=300.0, tool_call_rate=1.0),
+         "tool_choice": "required"},
+        {**_target("radixlm-none", 40.0, mean_tpot_ms=24.0, median_ttft_ms=200.0, tool_call_rate=0.0),
+         "tool_choice": "none"}], conc=4)))
     for c, tps in ((1, 10.0), (4, 35.0), (16, 90.0)):
         (d / f"sweep_c{c}.json").write_text(json.dumps(_payload("random", [
             _target("radixlm", tps), _target("llama-server", tps / 2)], conc=c, num_prompts=max(8, 2 * c),
@@ -57,6 +62,9 @@ def test_summary_tables(results):
     assert "| radixlm | 22 | 1.1 | 40 | 1 |" in md  # constrained TPOT / unconstrained TPOT
     assert "| system | c=1 | c=4 | c=16 |" in md and "| llama-server | 5 | 17.5 | 45 |" in md
     assert "c=16: 32" in md
+    assert "### tool_calls" in md
+    assert "| radixlm-required | required | 300 | 1.5 | 30 | 1.25 | 30 | 1 |" in md  # ÷ the same server, none
+    assert "| radixlm-none | none | 200 | – | 24 | – | 40 | 0 |" in md
 
 
 def test_plot_writes_pngs(results, tmp_path):
@@ -89,6 +97,9 @@ def test_suite_targets_per_workload():
                   "--base-url", "radixlm-free=http://h:1", "--backend", "radixlm", "--json-schema-field", "none",
                   "--base-url", "vllm=http://h:3", "--backend", "openai", "--json-schema-field", "response_format",
                   "--base-url", "vllm-free=http://h:3", "--backend", "openai", "--json-schema-field", "none"]
+    tools = suite.target_flags("tool_calls", ("radixlm",), targets)
+    assert tools == [x for c in ("required", "auto", "none") for x in
+                     ("--base-url", f"radixlm-{c}=http://h:1", "--backend", "openai-chat", "--tool-choice", c)]
     for quick in (False, True):  # every workload's flags parse
         for name, _, wl in suite.workloads(quick):
             load("bench_serving").build_parser().parse_args([*wl, "--output", "x"])
@@ -143,8 +154,8 @@ def test_run_all_quick(stories_path, tmp_path):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     res = tmp_path / "res"
     names = {p.stem for p in res.glob("*.json")}
-    assert names == {"shared_prefix", "decode_heavy", "random", "json_schema", "sweep_c1", "sweep_c2", "sweep_c4",
-                     "busy2_c1"}
+    assert names == {"shared_prefix", "decode_heavy", "random", "json_schema", "tool_calls", "sweep_c1", "sweep_c2",
+                     "sweep_c4", "busy2_c1"}
     assert json.loads((res / "busy2_c1.json").read_text())["busy_procs"] == 2
     gsp = json.loads((res / "shared_prefix.json").read_text())
     assert [t["label"] for t in gsp["targets"]] == ["radixlm", "radixlm-nocache", "hf-static"]

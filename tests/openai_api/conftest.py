@@ -5,7 +5,7 @@
 - ``demo_server``: the SmolLM2 demo model (no ``--model-path``), for answers that must make sense.
 - ``tools_server``: stories260K with the Hermes-style ``hermes.jinja`` (tools in the system turn,
   ``<tool_call>`` blocks, ``<think>`` opened when ``enable_thinking``) and ``--reasoning-parser qwen3``;
-  the tool-calling and reasoning tests.
+  the tool-calling, reasoning and Responses API tests.
 
 Each starts on first use (the demo server together with the stories one when the session will need
 both, so the two startups overlap) and stops cleanly, no child left, at the end of the package.

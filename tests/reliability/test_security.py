@@ -30,7 +30,7 @@ KEY = f"sk-security-{secrets.token_hex(8)}"
 NON_SCHEMA_ROUTES = {"/openapi.json": ["GET", "HEAD"], "/docs": ["GET", "HEAD"],
                      "/docs/oauth2-redirect": ["GET", "HEAD"], "/redoc": ["GET", "HEAD"]}
 ALL_METHODS = ["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"]
-PATH_PARAM_VALUES = {"model_id": "stories260k"}
+PATH_PARAM_VALUES = {"model_id": "stories260k", "response_id": "resp_none"}
 SERVER_ARGS = ["--max-total-tokens", "3000", "--context-length", "256", "--chat-template", CHAT_TEMPLATE,
                "--served-model-name", "stories260k", "--log-level", "info"]
 
