@@ -6,7 +6,8 @@ The radix tree calls this controller as its ``TierListener``:
 - ``on_insert`` (``--hicache-write-policy write_through``): pages new to the tree are copied to the
   host pool at once and, with a storage backend, written to storage in the same step;
 - ``on_evict`` (both policies): an evicted leaf's pages are copied to the host pool unless it still
-  holds them; with ``write_back`` they go to storage here, through a background writer thread.
+  holds them; with ``write_back`` they go to storage here, through a background writer thread, and
+  at shutdown (``close``) every page still only on device is written back too.
 
 ``KVManager.match_and_lock`` calls ``load_back`` after the device match: it continues the match
 page by page through the host index, then through storage, copies what it found into freshly
@@ -28,7 +29,7 @@ from typing import TYPE_CHECKING, Optional
 
 import torch
 
-from radixlm.radix_cache import HostTierIndex, MatchResult, PagePool, page_digests
+from radixlm.radix_cache import HostTierIndex, MatchResult, PagePool, RadixCache, page_digests
 from radixlm.srt.distributed import all_reduce_min
 from radixlm.srt.kv_host_pool import HostKVPool
 from radixlm.srt.kv_storage import BackgroundWriter, FileKVStorage, kv_fingerprint
@@ -124,18 +125,24 @@ class HiCacheController:
         if fresh:
             self.host_pool.save(self.kv_pool, list(fresh.values()), list(fresh.keys()))
             self.counters["host_saved_pages"] += len(fresh)
-        if self.storage is not None:
-            missing = [(d, p) for d, p in zip(digests, pages) if not self.storage.contains(d)]
-            if missing:
-                data = self.host_pool.gather_device(self.kv_pool, [p for _, p in missing]).to("cpu")
-                for (d, _), page in zip(missing, data):
-                    payload = self.host_pool.page_payload(page)
-                    if storage_sync or self.writer is None:
-                        self.storage.put(d, payload)
-                    else:
-                        self.writer.submit(d, payload)
-                self.counters["storage_written_pages"] += len(missing)
+        self._write_storage(digests, pages, storage_sync)
         self.timing["save_s"] += time.perf_counter() - t0
+
+    def _write_storage(self, digests: list[bytes], pages: list[int], sync: bool) -> None:
+        """Write the device pages whose files storage lacks (through the writer thread unless ``sync``)."""
+        if self.storage is None:
+            return
+        missing = [(d, p) for d, p in zip(digests, pages) if not self.storage.contains(d)]
+        if not missing:
+            return
+        data = self.host_pool.gather_device(self.kv_pool, [p for _, p in missing]).to("cpu")
+        for (d, _), page in zip(missing, data):
+            payload = self.host_pool.page_payload(page)
+            if sync or self.writer is None:
+                self.storage.put(d, payload)
+            else:
+                self.writer.submit(d, payload)
+        self.counters["storage_written_pages"] += len(missing)
 
     # ---- load back ----------------------------------------------------------------------------------
     def load_back(self, kv: "KVManager", key: list[int], m: MatchResult) -> tuple[MatchResult, dict[str, int]]:
@@ -250,7 +257,16 @@ class HiCacheController:
                        storage_hits=st["hits"], storage_skipped_bad=st["skipped_bad"], storage_evicted=st["evicted"])
         return out
 
-    def close(self) -> None:
-        """Finish queued storage writes and stop the writer thread."""
-        if self.writer is not None:
-            self.writer.close()
+    def close(self, tree: "RadixCache") -> None:
+        """At shutdown: with ``write_back``, write the pages still only on device (never evicted, such
+        as a hot system prompt) to storage, so a restart finds them; finish queued writes and stop the
+        writer thread."""
+        if self.writer is None:
+            return
+        stack = list(tree.root.children.values())
+        while stack:
+            node = stack.pop()
+            stack.extend(node.children.values())
+            digests = page_digests(tree.full_key(node), self.page_size)[-len(node.value):]
+            self._write_storage(digests, node.value, sync=False)
+        self.writer.close()

@@ -401,7 +401,7 @@ class Scheduler:
     def close(self) -> None:
         """Finish background work that must not be lost (queued storage writes)."""
         if self.hicache is not None:
-            self.hicache.close()
+            self.hicache.close(self.kv.tree)
 
     def _hicache_state(self) -> dict[str, float]:
         if self.hicache is None:

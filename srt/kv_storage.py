@@ -140,7 +140,10 @@ class FileKVStorage:
 
     # ---- writes -----------------------------------------------------------------------------------
     def put(self, digest: bytes, payload: bytes) -> bool:
-        """Write ``digest``'s page unless a file exists; False when skipped.
+        """Write ``digest``'s page unless a file with a valid header and size exists; False when skipped.
+
+        Only the header is read back (not the payload checksum): a truncated or foreign file is replaced
+        here, a corrupted payload when it is next read.
 
         Raises:
             ValueError: if the payload is not ``page_bytes`` long.
@@ -148,7 +151,7 @@ class FileKVStorage:
         if len(payload) != self.page_bytes:
             raise ValueError(f"page payload of {len(payload)} bytes, expected {self.page_bytes}")
         path = self.path(digest)
-        if os.path.exists(path):
+        if self._header_ok(path, digest):
             return False
         header = _HEADER.pack(MAGIC, self.fingerprint, digest, len(payload),
                               hashlib.blake2b(payload, digest_size=16).digest())
@@ -170,6 +173,18 @@ class FileKVStorage:
             except OSError:
                 pass
         return True
+
+    def _header_ok(self, path: str, digest: bytes) -> bool:
+        try:
+            with open(path, "rb") as f:
+                head = f.read(HEADER_SIZE)
+                size = os.fstat(f.fileno()).st_size
+        except OSError:
+            return False
+        if len(head) < HEADER_SIZE or size != self.file_bytes:
+            return False
+        magic, fp, dg, length, _ = _HEADER.unpack(head)
+        return magic == MAGIC and fp == self.fingerprint and dg == digest and length == self.page_bytes
 
     def _over_cap(self) -> list[str]:
         victims = []
