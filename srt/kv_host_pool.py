@@ -29,47 +29,49 @@ class HostKVPool:
         self.page_bytes = self.buffer[0].numel() * self.buffer.element_size()
 
     # ---- device <-> host ------------------------------------------------------------------------
+    @staticmethod
+    def _paged(kv_pool: KVPool, buf: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """A view of one layer's K or V buffer with pages as a dimension, and that dimension:
+        NHD (slots, H, D) -> (pages, ps, H, D), dim 0; HND (H, slots, D) -> (H, pages, ps, D), dim 1."""
+        ps = kv_pool.page_size
+        if kv_pool.layout == "NHD":
+            return buf.view(-1, ps, *buf.shape[1:]), 0
+        return buf.view(buf.shape[0], -1, ps, buf.shape[2]), 1
+
     def gather_device(self, kv_pool: KVPool, device_pages: list[int]) -> torch.Tensor:
-        """K/V of ``device_pages`` as a (n, *page_shape) tensor on the KV pool's device."""
-        ps = self.page_size
-        n = len(device_pages)
+        """K/V of ``device_pages`` as a contiguous (n, *page_shape) tensor on the KV pool's device."""
         dev = kv_pool.k_buffers[0].device
         idx = torch.tensor(device_pages, dtype=torch.int64, device=dev)
-        slots = (idx[:, None] * ps + torch.arange(ps, device=dev)).flatten()
-        per_layer = []
+        out = torch.empty((len(device_pages), *self.page_shape), dtype=self.dtype, device=dev)
         for layer in range(self.num_layers):
-            k, v = kv_pool.get_kv(layer)
-            if kv_pool.layout == "NHD":  # (slots, H, D)
-                kk, vv = k[slots], v[slots]
-            else:  # (H, slots, D) -> (slots, H, D)
-                kk, vv = k[:, slots].transpose(0, 1), v[:, slots].transpose(0, 1)
-            per_layer.append(torch.stack((kk, vv)).view(2, n, ps, *kk.shape[1:]))
-        return torch.stack(per_layer).permute(2, 0, 1, 3, 4, 5)  # (n, L, 2, ps, H, D)
+            for j, buf in enumerate(kv_pool.get_kv(layer)):
+                paged, dim = self._paged(kv_pool, buf)
+                pages = paged.index_select(dim, idx)
+                out[:, layer, j].copy_(pages if dim == 0 else pages.permute(1, 2, 0, 3))  # (n, ps, H, D)
+        return out
 
     def save(self, kv_pool: KVPool, device_pages: list[int], host_pages: list[int]) -> None:
         """Copy device pages into host pages (``host_pages[i]`` gets ``device_pages[i]``; distinct ids)."""
         if not device_pages:
             return
         data = self.gather_device(kv_pool, device_pages)
-        self.buffer[torch.tensor(host_pages, dtype=torch.int64)] = data.to("cpu")
+        self.buffer.index_copy_(0, torch.tensor(host_pages, dtype=torch.int64), data.to("cpu"))
 
     def gather(self, host_pages: list[int]) -> torch.Tensor:
         """A copy of ``host_pages`` as (n, *page_shape) (safe to keep while the pages are reused)."""
-        return self.buffer[torch.tensor(host_pages, dtype=torch.int64)]
+        return self.buffer.index_select(0, torch.tensor(host_pages, dtype=torch.int64))
 
-    @staticmethod
-    def load(kv_pool: KVPool, data: torch.Tensor, device_pages: list[int]) -> None:
+    @classmethod
+    def load(cls, kv_pool: KVPool, data: torch.Tensor, device_pages: list[int]) -> None:
         """Write ``data`` (n, L, 2, ps, H, D) into ``device_pages`` of ``kv_pool``."""
-        n, num_layers, _, ps = data.shape[:4]
         dev = kv_pool.k_buffers[0].device
         data = data.to(dev, non_blocking=True)
         idx = torch.tensor(device_pages, dtype=torch.int64, device=dev)
-        slots = (idx[:, None] * ps + torch.arange(ps, device=dev)).flatten()
-        for layer in range(num_layers):
-            kv = data[:, layer]  # (n, 2, ps, H, D)
-            k = kv[:, 0].reshape(n * ps, *kv.shape[3:])
-            v = kv[:, 1].reshape(n * ps, *kv.shape[3:])
-            kv_pool.set_kv(layer, slots, k, v)
+        for layer in range(data.shape[1]):
+            for j, buf in enumerate(kv_pool.get_kv(layer)):
+                paged, dim = cls._paged(kv_pool, buf)
+                src = data[:, layer, j]  # (n, ps, H, D)
+                paged.index_copy_(dim, idx, src if dim == 0 else src.permute(2, 0, 1, 3))
 
     # ---- host <-> storage payloads --------------------------------------------------------------
     def page_payload(self, page: torch.Tensor) -> bytes:
