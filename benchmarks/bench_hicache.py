@@ -4,6 +4,8 @@ pool several times smaller than the workload's working set, with the cache tiers
 Configurations (one server each, started and stopped here, same flags otherwise):
 
 - ``radix``: the radix tree alone (``--max-total-tokens`` = the small pool);
+- ``radix-large``: the radix tree alone with the device pool grown by the host pool's size
+  (``pool * (1 + ratio)``): what the same memory does without tiers on a CPU, where both are RAM;
 - ``host``: ``--enable-hierarchical-cache --hicache-ratio R`` (host tier);
 - ``host+file``: plus ``--hicache-storage-backend file`` in a fresh folder;
 - ``restart``: a new server on the same storage folder runs the workload again: the first turns,
@@ -132,7 +134,7 @@ def main(argv: Optional[list[str]] = None) -> dict:
     ap.add_argument("--mt-turn-len", type=int, nargs=2, default=[32, 64])
     ap.add_argument("--mt-output-len", type=int, default=16)
     ap.add_argument("--max-concurrency", type=int, default=1)
-    ap.add_argument("--configs", default="radix,host,host+file,restart")
+    ap.add_argument("--configs", default="radix,radix-large,host,host+file,restart")
     ap.add_argument("--output", default="bench_results/bench_hicache.json")
     args = ap.parse_args(argv)
     bench = _load_sibling("bench_serving")
@@ -148,7 +150,9 @@ def main(argv: Optional[list[str]] = None) -> dict:
     hicache = ["--enable-hierarchical-cache", "--hicache-ratio", str(args.hicache_ratio),
                "--hicache-write-policy", args.hicache_write_policy]
     storage_dir = tempfile.mkdtemp(prefix="bench_hicache_storage_")
-    flags = {"radix": base, "host": base + hicache,
+    large = list(base)
+    large[large.index("--max-total-tokens") + 1] = str(int(args.max_total_tokens * (1 + args.hicache_ratio)))
+    flags = {"radix": base, "radix-large": large, "host": base + hicache,
              "host+file": base + hicache + ["--hicache-storage-backend", "file", "--hicache-storage-dir", storage_dir],
              "restart": base + hicache + ["--hicache-storage-backend", "file", "--hicache-storage-dir", storage_dir]}
     rows, raw = [], {}

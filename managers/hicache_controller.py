@@ -129,10 +129,11 @@ class HiCacheController:
         self.timing["save_s"] += time.perf_counter() - t0
 
     def _write_storage(self, digests: list[bytes], pages: list[int], sync: bool) -> None:
-        """Write the device pages whose files storage lacks (through the writer thread unless ``sync``)."""
+        """Write the device pages whose files storage lacks or has broken (through the writer thread
+        unless ``sync``)."""
         if self.storage is None:
             return
-        missing = [(d, p) for d, p in zip(digests, pages) if not self.storage.contains(d)]
+        missing = [(d, p) for d, p in zip(digests, pages) if not self.storage.has_page(d)]
         if not missing:
             return
         data = self.host_pool.gather_device(self.kv_pool, [p for _, p in missing]).to("cpu")

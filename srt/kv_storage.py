@@ -79,6 +79,11 @@ class FileKVStorage:
         """Whether a page file exists (any replica's); says nothing about its validity."""
         return os.path.exists(self.path(digest))
 
+    def has_page(self, digest: bytes) -> bool:
+        """Whether a page file with a valid header and size exists (the payload checksum is only
+        verified by ``get``): a writer skips such a page and replaces anything else."""
+        return self._header_ok(self.path(digest), digest)
+
     def get(self, digest: bytes) -> Optional[bytes]:
         """The payload of ``digest``'s page, or None when absent or invalid (warned, file deleted)."""
         path = self.path(digest)

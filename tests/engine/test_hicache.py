@@ -154,6 +154,11 @@ def test_bad_storage_files_are_skipped_and_recomputed(stories_path, tok, convers
     messages = " ".join(r.getMessage() for r in caplog.records)
     assert "recomputed" in messages
     assert again.scheduler.internal_state().hicache["storage_skipped_bad"] >= 1
+    # The recompute rewrote every truncated or foreign file (only flipped payloads wait for a read).
+    storage = again.scheduler.hicache.storage
+    for k, path in enumerate(files):
+        if k % 3:
+            assert storage.has_page(bytes.fromhex(os.path.basename(path).split(".")[0])), path
     # Recomputed pages replace bad files (truncated and foreign ones at once, a corrupted payload once
     # it is read), so repeated visits heal the storage; every visit's tokens stay right.
     full = (len(ids) - 1) // 4 * 4
