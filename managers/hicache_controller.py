@@ -271,3 +271,4 @@ class HiCacheController:
             digests = page_digests(tree.full_key(node), self.page_size)[-len(node.value):]
             self._write_storage(digests, node.value, sync=False)
         self.writer.close()
+        self.writer = None  # closed: later writes (if any) go straight to storage
