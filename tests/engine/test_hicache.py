@@ -125,6 +125,17 @@ def test_restart_serves_repeated_prompt_from_storage(stories_path, tok, conversa
     again.shutdown()
 
 
+def test_replicas_share_the_storage_folder(stories_path, conversations, tmp_path):
+    a, b = storage_engine(stories_path, tmp_path), storage_engine(stories_path, tmp_path)  # two dp replicas
+    ids = conversations[5]
+    expected = a.generate(input_ids=ids, sampling_params=SP)["output_ids"]
+    out = b.generate(input_ids=ids, sampling_params=SP)  # b never saw it: a's pages, from storage
+    assert out["output_ids"] == expected
+    assert details(out) == {"device": 0, "host": 0, "storage": (len(ids) - 1) // 4 * 4}
+    assert_clean(a)
+    assert_clean(b)
+
+
 def page_files(directory) -> list[str]:
     return sorted(glob.glob(os.path.join(str(directory), "*", "*", "*.kvpage")))
 
