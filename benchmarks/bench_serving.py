@@ -93,6 +93,9 @@ class RequestOutput:
     prompt_len: int = 0
     output_len: int = 0
     cached_tokens: Optional[int] = None
+    # radixlm with --enable-hierarchical-cache: cached tokens per tier ({"device", "host"[, "storage"]})
+    cached_tokens_details: Optional[dict[str, int]] = None
+    turn: Optional[int] = None  # multi-turn: the turn's index in its conversation
     ttft: Optional[float] = 0.0  # None: not measurable (hf-static has no stream)
     latency: float = 0.0
     itl: list[float] = field(default_factory=list)
@@ -174,6 +177,7 @@ async def send_request(client: httpx.AsyncClient, target: Target, req: BenchRequ
                     n_out, out.text = new_n, ev.get("text", out.text)
                     out.prompt_len = meta.get("prompt_tokens", out.prompt_len)
                     out.cached_tokens = meta.get("cached_tokens", out.cached_tokens)
+                    out.cached_tokens_details = meta.get("cached_tokens_details", out.cached_tokens_details)
                 else:
                     usage = ev.get("usage") or usage
                     timings = ev.get("timings") or timings
@@ -199,6 +203,7 @@ async def send_request(client: httpx.AsyncClient, target: Target, req: BenchRequ
             out.prompt_len = usage.get("prompt_tokens") or out.prompt_len
             details = usage.get("prompt_tokens_details") or {}
             out.cached_tokens = details.get("cached_tokens")
+            out.cached_tokens_details = details.get("cached_tokens_details")
         else:
             n_out = len(tokenizer.encode(out.text, add_special_tokens=False))
         if out.cached_tokens is None and timings and "cache_n" in timings:
@@ -254,6 +259,7 @@ def compute_metrics(outputs: list[RequestOutput], duration_s: float) -> dict[str
         "input_throughput": n_in / duration_s if duration_s > 0 else 0.0,
         "output_throughput": n_out / duration_s if duration_s > 0 else 0.0,
         "cache_hit_rate": hit,
+        **tier_hit_rates(ok),
         "concurrency": sum(o.latency for o in ok) / duration_s if duration_s > 0 else 0.0,
     }
     for name, vals in (("ttft_ms", [o.ttft for o in streamed]), ("tpot_ms", tpots),
@@ -261,6 +267,18 @@ def compute_metrics(outputs: list[RequestOutput], duration_s: float) -> dict[str
         for k, v in _stats(vals).items():
             m[f"{k}_{name}"] = v
     return m
+
+
+def tier_hit_rates(outputs: list[RequestOutput]) -> dict[str, float]:
+    """``cache_hit_rate_<tier>``: tokens served from each KV tier / prompt tokens, over the requests
+    that reported ``cached_tokens_details`` (radixlm's hierarchical cache); empty when none did."""
+    with_details = [o for o in outputs if o.cached_tokens_details is not None]
+    prompt = max(1, sum(o.prompt_len for o in with_details))
+    tiers: dict[str, int] = {}
+    for o in with_details:
+        for tier, n in o.cached_tokens_details.items():  # type: ignore[union-attr]
+            tiers[tier] = tiers.get(tier, 0) + n
+    return {f"cache_hit_rate_{tier}": n / prompt for tier, n in tiers.items()}
 
 
 # ---------------------------------------------------------------- load generation
@@ -286,6 +304,7 @@ async def run_conversation(client, target: Target, turns: list[BenchRequest], ar
                                   "prompt_len": len(tokenizer.encode(prompt_text, add_special_tokens=False))})
         async with limit:
             o = await send_request(client, target, req_now, prompt, args, tokenizer)
+        o.turn = req.turn
         outs.append(o)
         on_done()
         if not o.success:  # the history is broken; the rest of this conversation fails too
@@ -365,7 +384,8 @@ async def benchmark(target: Target, requests: list[BenchRequest], args, tokenize
             **({"tool_choice": target.tool_choice} if args.dataset_name == "tool-calls" else {}),
             "metrics": metrics, "errors": errors[:10],
             "requests": [{"success": o.success, "prompt_len": o.prompt_len, "output_len": o.output_len,
-                          "cached_tokens": o.cached_tokens, "ttft": o.ttft, "latency": o.latency}
+                          "cached_tokens": o.cached_tokens, "cached_tokens_details": o.cached_tokens_details,
+                          "turn": o.turn, "ttft": o.ttft, "latency": o.latency}
                          for o in outputs]}
 
 
@@ -422,7 +442,8 @@ def _valid_json(text: str) -> bool:
 # ---------------------------------------------------------------- CLI, report
 
 ROWS = ["completed", "failed", "duration_s", "request_throughput", "input_throughput", "output_throughput",
-        "cache_hit_rate", *[f"{s}_{n}_ms" for n in ("ttft", "tpot", "itl", "e2e_latency") for s in ("mean", "median", "p99")],
+        "cache_hit_rate", "cache_hit_rate_device", "cache_hit_rate_host", "cache_hit_rate_storage",
+        *[f"{s}_{n}_ms" for n in ("ttft", "tpot", "itl", "e2e_latency") for s in ("mean", "median", "p99")],
         "concurrency", "json_valid_rate", "tool_call_rate"]
 
 

@@ -70,7 +70,10 @@ class AbortReq(msgspec.Struct, tag=True, kw_only=True):
 
 
 class FlushCacheReq(msgspec.Struct, tag=True):
-    """Reset the radix tree and pools; refused while any request is queued or running."""
+    """Reset the radix tree and pools (and the hierarchical cache's host tier); refused while any
+    request is queued or running. ``storage``: instead, delete the storage tier's page files."""
+
+    storage: bool = False
 
 
 class FlushCacheOut(msgspec.Struct, tag=True, kw_only=True):
@@ -102,6 +105,9 @@ class InternalState(msgspec.Struct, tag=True, kw_only=True):
     attention_backend: str = ""  # the backends actually chosen (``auto`` resolved)
     gemm_backend: str = ""
     elementwise_backend: str = ""
+    # Hierarchical cache (empty without it): prompt tokens served per tier since start
+    # (``cached_tokens_device`` / ``_host`` / ``_storage``) and the controller's ``state()``.
+    hicache: dict[str, float] = {}
 
 
 class BatchTokenOut(msgspec.Struct, tag=True, kw_only=True):
@@ -134,6 +140,8 @@ class BatchTokenOut(msgspec.Struct, tag=True, kw_only=True):
     input_token_ids: list[Optional[list[int]]]
     input_top_logprobs: list[Optional[list[Optional[list[tuple[float, int]]]]]]
     num_retractions: list[int]
+    # Hierarchical cache: cached tokens per tier ({"device", "host"[, "storage"]}); None without it.
+    cached_tokens_details: list[Optional[dict[str, int]]] = []
 
 
 class BatchStrOut(msgspec.Struct, tag=True, kw_only=True):

@@ -8,7 +8,7 @@ owned by the request. ``cache_protected_len`` is always page-aligned.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
 
@@ -16,10 +16,15 @@ from radixlm.managers.schedule_batch import Req
 from radixlm.radix_cache import PagePool, RadixCache
 from radixlm.srt.kv_pool import ReqToTokenPool
 
+if TYPE_CHECKING:
+    from radixlm.managers.hicache_controller import HiCacheController
+
 
 class KVManager:
-    def __init__(self, page_pool: PagePool, tree: RadixCache, req_to_token_pool: ReqToTokenPool):
+    def __init__(self, page_pool: PagePool, tree: RadixCache, req_to_token_pool: ReqToTokenPool,
+                 tiers: Optional["HiCacheController"] = None):
         self.pool = page_pool
+        self.tiers = tiers  # the hierarchical cache below the tree (host pool, storage), if on
         self.tree = tree
         self.req_to_token_pool = req_to_token_pool
         self.page_size = page_pool.page_size
@@ -30,7 +35,8 @@ class KVManager:
         """Tokens that could be allocated now, counting what eviction would free."""
         return self.pool.available_size + self.tree.evictable_size()
 
-    def _alloc_pages(self, n: int) -> Optional[list[int]]:
+    def alloc_pages(self, n: int) -> Optional[list[int]]:
+        """``n`` free device pages, evicting unlocked tree leaves if needed; None when even that is short."""
         if n <= 0:
             return []
         short = n - self.pool.available_pages
@@ -53,8 +59,11 @@ class KVManager:
         if row is None:
             return False
         req.req_pool_idx = row
-        m = self.tree.match_prefix(req.fill_ids[:req.match_limit()])
+        key = req.fill_ids[:req.match_limit()]
+        m = self.tree.match_prefix(key)
         self.tree.lock(m.last_node)
+        if self.tiers is not None:  # continue the match in host memory and storage, loading pages back
+            m, req.match_tiers = self.tiers.load_back(self, key, m)
         req.last_node = m.last_node
         req.num_cached = req.cache_protected_len = m.num_tokens
         if m.num_tokens:
@@ -71,7 +80,7 @@ class KVManager:
         request's partial last page first; None (allocating nothing) when memory is short."""
         ps = self.page_size
         start = req.num_cached
-        pages = self._alloc_pages(self.pages_needed(req, num_new))
+        pages = self.alloc_pages(self.pages_needed(req, num_new))
         if pages is None:
             return None
         row = req.req_pool_idx
@@ -96,7 +105,7 @@ class KVManager:
         slots in ``reqs`` order, or None (allocating nothing) when memory is short."""
         ps = self.page_size
         new_page = [r.num_cached % ps == 0 for r in reqs]
-        pages = self._alloc_pages(sum(new_page))
+        pages = self.alloc_pages(sum(new_page))
         if pages is None:
             return None
         table = self.req_to_token_pool.req_to_token
@@ -189,9 +198,13 @@ class KVManager:
                                f"{prot} != total {self.total_tokens}")
         if self.req_to_token_pool.available_size != self.req_to_token_pool.size:
             raise RuntimeError("req_to_token_pool memory leak detected: rows still held while idle")
+        if self.tiers is not None:
+            self.tiers.check_idle()
 
     def flush(self) -> None:
-        """Drop the whole tree (only call while no request holds KV)."""
+        """Drop the whole tree and the host tier (only call while no request holds KV); storage stays."""
         self.tree.reset()
+        if self.tiers is not None:
+            self.tiers.flush_host()
         self.pool.clear()
         self.req_to_token_pool.clear()

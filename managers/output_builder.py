@@ -14,7 +14,7 @@ def build_batch_output(reqs: list[Req], stats: dict[str, int]) -> Optional[Batch
     Advances each request's sent counters, so every id, logprob and finish reason is sent once.
     Updates ``stats`` (prompt/generation/cached token counters) as tokens are first reported.
     """
-    out = BatchTokenOut(rids=[], output_ids=[], finished_reasons=[], prompt_tokens=[], completion_tokens=[],
+    out = BatchTokenOut(rids=[], output_ids=[], cached_tokens_details=[], finished_reasons=[], prompt_tokens=[], completion_tokens=[],
                         cached_tokens=[], skip_special_tokens=[], spaces_between_special_tokens=[],
                         no_stop_trim=[], stop_strs=[], input_tail_ids=[], output_token_logprobs=[], output_top_logprobs=[],
                         input_token_logprobs=[], input_token_ids=[], input_top_logprobs=[], num_retractions=[])
@@ -27,6 +27,8 @@ def build_batch_output(reqs: list[Req], stats: dict[str, int]) -> Optional[Batch
         if r.num_sent == 0 and not r.stop_strs_sent:
             stats["prompt_tokens"] += len(r.origin_input_ids)
             stats["cached_tokens"] += r.cached_tokens
+            for tier, n in (r.cached_tokens_details or {}).items():
+                stats[f"cached_tokens_{tier}"] = stats.get(f"cached_tokens_{tier}", 0) + n
         stats["generation_tokens"] += len(new_ids)
         p = r.sampling_params
         out.rids.append(r.rid)
@@ -41,6 +43,7 @@ def build_batch_output(reqs: list[Req], stats: dict[str, int]) -> Optional[Batch
         out.stop_strs.append(None if r.stop_strs_sent else r.stop_strs)
         out.input_tail_ids.append(None if r.stop_strs_sent else r.origin_input_ids[-DETOKENIZE_CONTEXT_TOKENS:])
         out.num_retractions.append(r.num_retractions)
+        out.cached_tokens_details.append(r.cached_tokens_details)
         if r.return_logprob:
             out.output_token_logprobs.append(r.pending_output_logprobs)
             out.output_top_logprobs.append(r.pending_output_top if r.top_logprobs_num else None)

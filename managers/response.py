@@ -45,6 +45,8 @@ class ResponseAccumulator:
         self.output_ids.extend(new_ids)
         self.meta.update(prompt_tokens=t.prompt_tokens[i], completion_tokens=t.completion_tokens[i],
                          cached_tokens=t.cached_tokens[i], total_retractions=t.num_retractions[i])
+        if t.cached_tokens_details and t.cached_tokens_details[i] is not None:
+            self.meta["cached_tokens_details"] = t.cached_tokens_details[i]
         if self.return_logprob:
             lps = t.output_token_logprobs[i] or []
             self.output_token_logprobs.extend(self._triples(list(zip(lps, new_ids))))

@@ -47,6 +47,10 @@ class Req:
         self.last_node: Any = None
         self.extend_len = 0  # tokens computed in the current extend step
         self.cached_tokens = 0  # prompt tokens served from the radix tree (reported)
+        # With the hierarchical cache: tokens of the last prefix match per tier ({"device", "host"[,
+        # "storage"]}), and the reported copy of it (set with cached_tokens).
+        self.match_tiers: Optional[dict[str, int]] = None
+        self.cached_tokens_details: Optional[dict[str, int]] = None
         self.num_retractions = 0
         self.finished_reason: Optional[FinishReason] = None
         # Said with finish_reason length when max_new_tokens was cut to what the KV pool can hold.

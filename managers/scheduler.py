@@ -18,6 +18,7 @@ from typing import Any, Callable, Optional
 from radixlm.constrained import GrammarBackend, GrammarCache, GrammarError, GrammarSpec
 from radixlm.managers.io_struct import (AbortReq, BatchTokenOut, FinishReason, FlushCacheOut, FlushCacheReq,
                                         GetInternalStateReq, InternalState, Message, TokenizedGenerateReq)
+from radixlm.managers.hicache_controller import HiCacheController
 from radixlm.managers.kv_manager import KVManager
 from radixlm.managers.output_builder import build_batch_output
 from radixlm.managers.result_processor import ResultProcessor
@@ -63,8 +64,10 @@ class Scheduler:
         self.vocab_size = mc.vocab_size
         self.eos_ids = frozenset(mc.eos_token_ids)
         runner = worker.model_runner
-        tree = RadixCache(runner.page_pool, server_args.page_size, disable=server_args.disable_radix_cache)
-        self.kv = KVManager(runner.page_pool, tree, runner.req_to_token_pool)
+        self.hicache = HiCacheController(server_args, runner) if server_args.enable_hierarchical_cache else None
+        tree = RadixCache(runner.page_pool, server_args.page_size, disable=server_args.disable_radix_cache,
+                          listener=self.hicache)
+        self.kv = KVManager(runner.page_pool, tree, runner.req_to_token_pool, tiers=self.hicache)
         self.results = ResultProcessor(self.kv, tokenizer, top_logprobs_cap=MAX_TOP_LOGPROBS)
         self.waiting: list[Req] = []
         self.running: list[Req] = []
@@ -133,7 +136,7 @@ class Scheduler:
         elif isinstance(msg, AbortReq):
             self.abort(msg.rid, msg.abort_all, msg.message, msg.exact)
         elif isinstance(msg, FlushCacheReq):
-            return self.flush_cache()
+            return self.flush_storage() if msg.storage else self.flush_cache()
         elif isinstance(msg, GetInternalStateReq):
             return self.internal_state()
         else:
@@ -277,6 +280,7 @@ class Scheduler:
                 break
             if fresh and req.num_retractions == 0:
                 req.cached_tokens = req.num_cached  # retracted requests stop counting (SGLang)
+                req.cached_tokens_details = req.match_tiers
             self.kv.alloc_tokens(req, size)
             adder.add(req, size)
         if not adder.admitted:
@@ -386,6 +390,25 @@ class Scheduler:
             self.grammar_cache.clear()
         return FlushCacheOut(success=True)
 
+    def flush_storage(self) -> FlushCacheOut:
+        """Delete the hierarchical cache's storage files (``/clear_hicache_storage_backend``)."""
+        if self.hicache is None or self.hicache.storage is None:
+            return FlushCacheOut(success=False, message="no hierarchical cache storage backend on this server "
+                                                        "(--enable-hierarchical-cache --hicache-storage-backend file)")
+        n = self.hicache.flush_storage()
+        return FlushCacheOut(success=True, message=f"deleted {n} page files")
+
+    def close(self) -> None:
+        """Finish background work that must not be lost (queued storage writes)."""
+        if self.hicache is not None:
+            self.hicache.close(self.kv.tree)
+
+    def _hicache_state(self) -> dict[str, float]:
+        if self.hicache is None:
+            return {}
+        per_tier = {k: v for k, v in self.stats.items() if k.startswith("cached_tokens_")}
+        return {**per_tier, **self.hicache.state()}
+
     def internal_state(self) -> InternalState:
         kv = self.kv
         return InternalState(
@@ -400,4 +423,4 @@ class Scheduler:
             num_grammar_cache_hits=self.grammar_cache.num_hits if self.grammar_cache is not None else 0,
             attention_backend=self.worker.model_runner.attn_backend.name,
             gemm_backend=self.worker.model_runner.gemm_backend.name,
-            elementwise_backend=self.worker.model_runner.elementwise_backend.name)
+            elementwise_backend=self.worker.model_runner.elementwise_backend.name, hicache=self._hicache_state())

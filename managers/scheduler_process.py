@@ -92,6 +92,7 @@ def run_scheduler_process(server_args: "ServerArgs", paths: "IpcPaths", tp_rank:
                 pass  # the launcher is gone; the log has the error
         _close(sockets, ctx)
         _exit_now(1)
+    scheduler.close()
     _close(sockets, ctx)
     _exit_now(0)
 

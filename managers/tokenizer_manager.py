@@ -358,8 +358,9 @@ class TokenizerManager:
         return True
 
     # ---- control -------------------------------------------------------------------------------
-    async def flush_cache(self) -> FlushCacheOut:
-        return await self._control(FlushCacheReq(), FlushCacheOut)  # type: ignore[return-value]
+    async def flush_cache(self, storage: bool = False) -> FlushCacheOut:
+        """Flush the device and host tiers, or (``storage``) the storage tier's files."""
+        return await self._control(FlushCacheReq(storage=storage), FlushCacheOut)  # type: ignore[return-value]
 
     async def internal_state(self) -> InternalState:
         return await self._control(GetInternalStateReq(), InternalState)  # type: ignore[return-value]

@@ -5,5 +5,7 @@ Pure Python, stdlib only: importing this package must never import torch.
 
 from .page_pool import PagePool
 from .radix_cache import MatchResult, RadixCache, RadixCacheInvariantError, TreeNode
+from .tiers import HostTierIndex, TierListener, page_digests
 
-__all__ = ["MatchResult", "PagePool", "RadixCache", "RadixCacheInvariantError", "TreeNode"]
+__all__ = ["HostTierIndex", "MatchResult", "PagePool", "RadixCache", "RadixCacheInvariantError", "TierListener", "TreeNode",
+           "page_digests"]

@@ -13,11 +13,13 @@ when a match ends inside a node, the node is split and only the upper half gets 
 from __future__ import annotations
 
 import heapq
+from itertools import chain
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Union
 
 from .page_pool import PagePool
+from .tiers import TierListener
 
 __all__ = ["MatchResult", "RadixCache", "RadixCacheInvariantError", "TreeNode"]
 
@@ -88,8 +90,10 @@ class RadixCache:
     ``pool.available_size + evictable_size() + protected_size() == pool.total_size``.
     """
 
-    def __init__(self, pool: PagePool, page_size: int, disable: bool = False) -> None:
-        """Create an empty tree.
+    def __init__(self, pool: PagePool, page_size: int, disable: bool = False,
+                 listener: TierListener | None = None) -> None:
+        """Create an empty tree. ``listener`` (the hierarchical cache) hears of every inserted tail
+        and every evicted leaf before its pages are freed; ``reset`` tells it nothing.
 
         Raises:
             ValueError: if ``page_size`` differs from ``pool.page_size``.
@@ -99,6 +103,7 @@ class RadixCache:
         self.pool = pool
         self.page_size = page_size
         self.disable = disable
+        self.listener = listener
         self._clock = 0
         self._next_id = 0
         self._evictable = 0
@@ -154,6 +159,8 @@ class RadixCache:
             leaf = self._new_node(tkey[existing:], value, node)
             node.children[self._child_key(leaf.key, 0)] = leaf
             self._evictable += len(leaf.key)
+            if self.listener is not None:
+                self.listener.on_insert(tkey, existing, value)
         return existing
 
     # ------------------------------------------------------------------------------ locking
@@ -219,6 +226,8 @@ class RadixCache:
             _, _, leaf = heapq.heappop(heap)
             parent = leaf.parent
             assert parent is not None
+            if self.listener is not None:
+                self.listener.on_evict(self.full_key(leaf), leaf.value)
             self.pool.free(leaf.value)
             del parent.children[self._child_key(leaf.key, 0)]
             leaf.detached = True
@@ -256,6 +265,14 @@ class RadixCache:
     def total_size(self) -> int:
         """Tokens held by the tree (evictable + protected)."""
         return self._evictable + self._protected
+
+    def full_key(self, node: TreeNode) -> tuple[int, ...]:
+        """The tokens from the root to the end of ``node`` (O(depth) concatenation)."""
+        parts: list[tuple[int, ...]] = []
+        while node is not self.root:
+            parts.append(node.key)
+            node = node.parent  # type: ignore[assignment]
+        return tuple(chain.from_iterable(reversed(parts)))
 
     # -------------------------------------------------------------------------- diagnostics
 

@@ -83,7 +83,12 @@ class Engine:
         return out if batch else out[0]
 
     def flush_cache(self) -> bool:
+        """Empty the radix tree (and the hierarchical cache's host tier); False while requests run."""
         return self.scheduler.flush_cache().success
+
+    def clear_hicache_storage(self) -> bool:
+        """Delete the hierarchical cache's storage files; False without a storage backend."""
+        return self.scheduler.flush_storage().success
 
     def get_server_info(self) -> dict:
         state = self.scheduler.internal_state()
@@ -94,8 +99,9 @@ class Engine:
                 "internal_state": {f: getattr(state, f) for f in state.__struct_fields__}}
 
     def shutdown(self) -> None:
-        """Drop queued work and stop the grammar compiler threads."""
+        """Drop queued work, finish queued storage writes, stop the grammar compiler threads."""
         self.scheduler.waiting.clear()
+        self.scheduler.close()
         if self.scheduler.grammar_cache is not None:
             self.scheduler.grammar_cache.shutdown()
 

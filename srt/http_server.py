@@ -7,7 +7,9 @@ in through those arguments (no module-level state). Routes:
   of cumulative dicts ending with ``data: [DONE]``.
 - ``GET /health`` (never needs the API key), ``GET /health_generate`` (a one-token request).
 - ``GET /get_model_info`` = ``/model_info``; ``GET /get_server_info`` = ``/server_info``.
-- ``GET|POST /flush_cache`` (400 while requests run), ``POST /abort_request``, ``GET /metrics``.
+- ``GET|POST /flush_cache`` (400 while requests run; flushes the device and host KV tiers),
+  ``GET|POST /clear_hicache_storage_backend`` (deletes the storage tier's files; 400 without one),
+  ``POST /abort_request``, ``GET /metrics``.
 
 The OpenAI-compatible ``/v1/*`` routes come from ``radixlm.srt.openai_api.router``; their errors
 (also 401, 404/405 and 413 under ``/v1/``) are OpenAI-shaped, ``{"error": {"message", "type", "param",
@@ -308,6 +310,13 @@ def create_app(tm: TokenizerManager, server_args: Any, model_info: dict, metrics
         if not out.success:
             raise RequestError(out.message or "cannot flush the cache now", 400)
         return PlainTextResponse("Cache flushed.\n")
+
+    @app.api_route("/clear_hicache_storage_backend", methods=["GET", "POST"])
+    async def clear_hicache_storage_backend() -> Response:
+        out = await tm.flush_cache(storage=True)
+        if not out.success:
+            raise RequestError(out.message or "cannot clear the storage tier now", 400)
+        return PlainTextResponse(f"Hierarchical cache storage cleared: {out.message}.\n")
 
     @app.post("/abort_request")
     async def abort_request(request: Request) -> Response:

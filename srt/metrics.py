@@ -11,6 +11,11 @@ Series (units in the names):
   prompt tokens since start), ``radixlm:num_running_reqs``, ``radixlm:num_queued_reqs``,
   ``radixlm:token_usage`` (fraction of the KV pool held by requests; evictable cached prefixes count as
   free), ``radixlm:max_total_num_tokens``;
+- hierarchical cache (``--enable-hierarchical-cache``; 0 without it), gauges from the same state:
+  ``radixlm:cached_tokens_by_tier{tier="device|host|storage"}`` (prompt tokens served from each tier since
+  start), ``radixlm:hicache_host_used_tokens``, ``radixlm:hicache_host_capacity_tokens``,
+  ``radixlm:hicache_storage_bytes``, ``radixlm:hicache_storage_files``, ``radixlm:hicache_storage_bad_files``
+  (invalid page files skipped since start);
 - histograms: ``radixlm:time_to_first_token_seconds`` and ``radixlm:inter_token_latency_seconds``
   (streaming requests), ``radixlm:e2e_request_latency_seconds``.
 """
@@ -58,6 +63,14 @@ class ServerMetrics:
         self.num_queued = gauge("num_queued_reqs", "Requests waiting in the scheduler queue")
         self.token_usage = gauge("token_usage", "Fraction of KV slots held by requests")
         self.max_total_tokens = gauge("max_total_num_tokens", "KV pool size in tokens")
+        tier_gauge = Gauge(PREFIX + "cached_tokens_by_tier", "Prompt tokens served from each KV tier since start",
+                           labels + ["tier"], registry=self.registry)
+        self.cached_by_tier = {t: tier_gauge.labels(tier=t, **self._labels) for t in ("device", "host", "storage")}
+        self.host_used = gauge("hicache_host_used_tokens", "Tokens held by the hierarchical cache's host pool")
+        self.host_capacity = gauge("hicache_host_capacity_tokens", "Host pool size in tokens")
+        self.storage_bytes = gauge("hicache_storage_bytes", "Bytes of page files in the storage tier")
+        self.storage_files = gauge("hicache_storage_files", "Page files in the storage tier")
+        self.storage_bad = gauge("hicache_storage_bad_files", "Invalid page files skipped (and deleted) since start")
         self.ttft = histogram("time_to_first_token_seconds", "Time to first token (streaming requests)")
         self.itl = histogram("inter_token_latency_seconds", "Time between streamed outputs, per token")
         self.e2e = histogram("e2e_request_latency_seconds", "Arrival to finish")
@@ -94,6 +107,14 @@ class ServerMetrics:
         self.max_total_tokens.set(state.max_total_num_tokens)
         prompt = state.num_prompt_tokens
         self.cache_hit_rate.set(state.num_cached_tokens / prompt if prompt else 0.0)
+        h = state.hicache
+        for tier, g in self.cached_by_tier.items():
+            g.set(h.get(f"cached_tokens_{tier}", 0))
+        self.host_used.set(h.get("host_used_tokens", 0))
+        self.host_capacity.set(h.get("host_capacity_tokens", 0))
+        self.storage_bytes.set(h.get("storage_bytes", 0))
+        self.storage_files.set(h.get("storage_files", 0))
+        self.storage_bad.set(h.get("storage_skipped_bad", 0))
 
     def render(self) -> bytes:
         """The registry in Prometheus text exposition format."""

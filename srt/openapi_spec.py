@@ -67,7 +67,10 @@ _GENERATE = Operation("Generate text (SGLang's native API); a stream with stream
                        SSE: None}, (400, 413, 503))
 _MODEL_INFO = Operation("Model path, tokenizer path and chat template", ok={JSON: {"type": "object"}})
 _SERVER_INFO = Operation("Server arguments, version and scheduler state", ok={JSON: _ref("ServerInfo")}, errors=(503,))
-_FLUSH = Operation("Drop the prefix cache (400 while requests run)", ok={TEXT: {"type": "string"}}, errors=(400, 503))
+_FLUSH = Operation("Drop the prefix cache and the host KV tier (400 while requests run)", ok={TEXT: {"type": "string"}},
+                   errors=(400, 503))
+_CLEAR_STORAGE = Operation("Delete the hierarchical cache's storage files (400 without a storage backend)",
+                           ok={TEXT: {"type": "string"}}, errors=(400, 503))
 _COMPLETION_ERRORS = (400, 413, 503)
 
 OPERATIONS: dict[str, dict[str, Operation]] = {
@@ -79,6 +82,7 @@ OPERATIONS: dict[str, dict[str, Operation]] = {
     "/get_server_info": {"get": _SERVER_INFO},
     "/server_info": {"get": _SERVER_INFO},
     "/flush_cache": {"get": _FLUSH, "post": _FLUSH},
+    "/clear_hicache_storage_backend": {"get": _CLEAR_STORAGE, "post": _CLEAR_STORAGE},
     "/abort_request": {"post": Operation("Abort requests by rid prefix, or all", "AbortRequest", errors=(400, 413))},
     "/metrics": {"get": Operation("Prometheus metrics", ok={TEXT: {"type": "string"}})},
     "/v1/models": {"get": Operation("The served model", ok={JSON: _ref("ModelList")}, openai=True)},
@@ -156,7 +160,9 @@ def _native_schemas() -> dict:
     meta = {"type": "object", "required": ["id", "finish_reason"],
             "properties": {"id": {"type": "string"}, "finish_reason": finish,
                            **{k: {"type": "integer", "minimum": 0} for k in
-                              ("prompt_tokens", "completion_tokens", "cached_tokens", "total_retractions")}}}
+                              ("prompt_tokens", "completion_tokens", "cached_tokens", "total_retractions")},
+                           "cached_tokens_details": {"type": "object", "additionalProperties": {"type": "integer",
+                                                                                               "minimum": 0}}}}
     response = {"type": "object", "required": ["text", "output_ids", "meta_info"],
                 "properties": {"text": {"type": "string"}, "output_ids": {"type": "array", "items": {"type": "integer"}},
                                "meta_info": meta, "index": {"type": "integer"}}}

@@ -22,6 +22,8 @@ ELEMENTWISE_BACKENDS = ("auto", "torch_native", "cpu")
 GRAMMAR_BACKENDS = ("xgrammar", "outlines", "none")
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+HICACHE_WRITE_POLICIES = ("write_through", "write_back")
+HICACHE_STORAGE_BACKENDS = ("file",)
 
 
 class ServerArgsError(ValueError):
@@ -71,6 +73,20 @@ class ServerArgs:
     schedule_policy: str = field(default="lpm", metadata={"help": "lpm (longest prefix match) | fcfs"})
     schedule_conservativeness: float = field(default=1.0, metadata={"help": "scales the decode-memory reservation"})
     disable_radix_cache: bool = field(default=False, metadata={"help": "turn prefix caching off"})
+    enable_hierarchical_cache: bool = field(default=False, metadata={"help": (
+        "keep pages evicted from the KV pool in a host pool (and, with --hicache-storage-backend, in files) and "
+        "load them back on a prefix match")})
+    hicache_ratio: float = field(default=2.0, metadata={"help": "host pool size relative to the device KV pool (pages)"})
+    hicache_write_policy: str = field(default="write_through", metadata={"help": (
+        "write_through: copy pages to host (and storage) as soon as they enter the radix tree; write_back: when "
+        "they are evicted from the KV pool (storage writes then go through a background thread)")})
+    hicache_storage_backend: Optional[str] = field(default=None, metadata={"help": (
+        "file: a storage tier of page files under --hicache-storage-dir, shared by replicas and kept across "
+        "restarts (default: none)")})
+    hicache_storage_dir: Optional[str] = field(default=None, metadata={"help": (
+        "folder of the file storage tier (default: $RADIXLM_CACHE_DIR/hicache or ~/.cache/radixlm/hicache)")})
+    hicache_storage_max_gb: float = field(default=8.0, metadata={"help": (
+        "size cap of the file storage tier in GiB, per model layout; least recently used pages are deleted beyond it")})
     attention_backend: str = field(default="auto", metadata={"help": (
         "auto|torch_native|cpu|flashinfer; auto = cpu on CPU (one C++ kernel call per layer, cascade over shared "
         "prefixes, compiled on first use; torch_native when no compiler), flashinfer on CUDA when installed, "
@@ -109,6 +125,10 @@ class ServerArgs:
             choice("tool_call_parser", tuple(TOOL_CALL_PARSERS))
         if self.reasoning_parser is not None:
             choice("reasoning_parser", tuple(REASONING_PARSERS))
+        choice("hicache_write_policy", HICACHE_WRITE_POLICIES)
+        if self.hicache_storage_backend is not None:
+            choice("hicache_storage_backend", HICACHE_STORAGE_BACKENDS)
+        self._validate_hicache()
         if self.page_size < 1 or self.page_size & (self.page_size - 1):
             raise ServerArgsError(f"--page-size must be a power of two, got {self.page_size}")
         if self.cpu_threads is not None and self.cpu_threads < 1:
@@ -137,6 +157,18 @@ class ServerArgs:
             raise ServerArgsError("--grammar-compile-timeout must be > 0")
         if not 1 <= self.port <= 65535:
             raise ServerArgsError(f"--port must be in 1..65535, got {self.port}")
+
+    def _validate_hicache(self) -> None:
+        if not self.enable_hierarchical_cache:
+            if self.hicache_storage_backend is not None:
+                raise ServerArgsError("--hicache-storage-backend needs --enable-hierarchical-cache")
+            return
+        if self.disable_radix_cache:
+            raise ServerArgsError("--enable-hierarchical-cache needs the radix cache (drop --disable-radix-cache)")
+        if not 0 < self.hicache_ratio < float("inf"):
+            raise ServerArgsError(f"--hicache-ratio must be > 0, got {self.hicache_ratio}")
+        if not 0 < self.hicache_storage_max_gb < float("inf"):
+            raise ServerArgsError(f"--hicache-storage-max-gb must be > 0, got {self.hicache_storage_max_gb}")
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> "ServerArgs":

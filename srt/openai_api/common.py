@@ -160,6 +160,7 @@ def finish_reason(meta: dict) -> tuple[Optional[str], Optional[Any]]:
 def usage_info(metas: Sequence[Optional[dict]], n: int) -> UsageInfo:
     """Usage over all choices: each prompt's tokens (and cache hits) count once, completions all."""
     prompt = cached = completion = 0
+    tiers: Optional[dict[str, int]] = None
     for k, meta in enumerate(metas):
         if meta is None:
             continue
@@ -167,8 +168,12 @@ def usage_info(metas: Sequence[Optional[dict]], n: int) -> UsageInfo:
         if k % n == 0:
             prompt += meta.get("prompt_tokens", 0)
             cached += meta.get("cached_tokens", 0)
+            if meta.get("cached_tokens_details") is not None:
+                tiers = tiers or {}
+                for tier, count in meta["cached_tokens_details"].items():
+                    tiers[tier] = tiers.get(tier, 0) + count
     return UsageInfo(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
-                     prompt_tokens_details=PromptTokensDetails(cached_tokens=cached))
+                     prompt_tokens_details=PromptTokensDetails(cached_tokens=cached, cached_tokens_details=tiers))
 
 
 # ---- SSE and errors ---------------------------------------------------------------------------------

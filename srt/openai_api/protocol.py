@@ -129,6 +129,8 @@ class CompletionChoice(BaseModel):
 
 class PromptTokensDetails(BaseModel):
     cached_tokens: int = 0
+    # With --enable-hierarchical-cache: where the cached tokens came from ({"device", "host"[, "storage"]}).
+    cached_tokens_details: Optional[dict[str, int]] = None
 
 
 class UsageInfo(BaseModel):

@@ -34,6 +34,19 @@ def test_compute_metrics(bench):
     assert m["concurrency"] == pytest.approx(1.8 / 2.0)
 
 
+def test_tier_hit_rates(bench):
+    a = _out(bench, 0.1, 0.5, 5, [0.1] * 4, prompt=40, cached=30)
+    a.cached_tokens_details = {"device": 10, "host": 20, "storage": 0}
+    b = _out(bench, 0.1, 0.5, 5, [0.1] * 4, prompt=60, cached=50)
+    b.cached_tokens_details = {"device": 0, "host": 10, "storage": 40}
+    plain = _out(bench, 0.1, 0.5, 5, [0.1] * 4, prompt=100, cached=0)  # no details: not counted
+    m = bench.compute_metrics([a, b, plain], duration_s=1.0)
+    assert m["cache_hit_rate_device"] == pytest.approx(10 / 100)
+    assert m["cache_hit_rate_host"] == pytest.approx(30 / 100)
+    assert m["cache_hit_rate_storage"] == pytest.approx(40 / 100)
+    assert "cache_hit_rate_host" not in bench.compute_metrics([plain], 1.0)
+
+
 def test_percentiles_and_empty(bench):
     s = bench._stats([i / 1000 for i in range(1, 101)])  # 1..100 ms
     assert s["mean"] == pytest.approx(50.5) and s["median"] == pytest.approx(50.5)

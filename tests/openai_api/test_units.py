@@ -59,6 +59,15 @@ def test_length_checks_and_usage():
     metas = [{"prompt_tokens": 5, "completion_tokens": 3, "cached_tokens": 4}] * 4  # 2 prompts x n=2
     usage = usage_info(metas, 2)
     assert (usage.prompt_tokens, usage.completion_tokens, usage.prompt_tokens_details.cached_tokens) == (10, 12, 8)
+    assert usage.prompt_tokens_details.cached_tokens_details is None  # no hierarchical cache
+    tiered = [{"prompt_tokens": 5, "completion_tokens": 3, "cached_tokens": 4,
+               "cached_tokens_details": {"device": 1, "host": 3}},
+              {"prompt_tokens": 5, "completion_tokens": 3, "cached_tokens": 4,
+               "cached_tokens_details": {"device": 1, "host": 3}},  # the same prompt's second sample
+              {"prompt_tokens": 6, "completion_tokens": 3, "cached_tokens": 4,
+               "cached_tokens_details": {"device": 0, "host": 0, "storage": 4}}, None]
+    details = usage_info(tiered, 2).prompt_tokens_details
+    assert details.cached_tokens == 8 and details.cached_tokens_details == {"device": 1, "host": 3, "storage": 4}
 
 
 def test_validation_message_merges_union_branches():

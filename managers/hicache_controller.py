@@ -1,0 +1,274 @@
+"""Hierarchical KV cache (``--enable-hierarchical-cache``): moves pages between the device KV pool,
+the host pool and the storage tier, under the radix tree.
+
+The radix tree calls this controller as its ``TierListener``:
+
+- ``on_insert`` (``--hicache-write-policy write_through``): pages new to the tree are copied to the
+  host pool at once and, with a storage backend, written to storage in the same step;
+- ``on_evict`` (both policies): an evicted leaf's pages are copied to the host pool unless it still
+  holds them; with ``write_back`` they go to storage here, through a background writer thread, and
+  at shutdown (``close``) every page still only on device is written back too.
+
+``KVManager.match_and_lock`` calls ``load_back`` after the device match: it continues the match
+page by page through the host index, then through storage, copies what it found into freshly
+allocated device pages (evicting others if needed), inserts them into the tree and moves the
+request's lock onto the longer match. The request's extend then starts after them.
+
+Loads run synchronously at admission inside the scheduler step. On CPU a page copy is a memcpy
+(docs/benchmarks.md compares it with recomputing the prefix); a CUDA path would issue the same
+copies on a side stream from the pinned host buffer and let the request wait for its event.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import time
+from typing import TYPE_CHECKING, Optional
+
+import torch
+
+from radixlm.radix_cache import HostTierIndex, MatchResult, PagePool, RadixCache, page_digests
+from radixlm.srt.distributed import all_reduce_min
+from radixlm.srt.kv_host_pool import HostKVPool
+from radixlm.srt.kv_storage import BackgroundWriter, FileKVStorage, kv_fingerprint
+from radixlm.srt.server_args import ServerArgs
+
+if TYPE_CHECKING:
+    from radixlm.managers.kv_manager import KVManager
+    from radixlm.srt.model_runner import ModelRunner
+
+logger = logging.getLogger(__name__)
+
+STORAGE_FORMAT = 1
+
+
+def default_storage_dir() -> str:
+    """``$RADIXLM_CACHE_DIR/hicache`` or ``~/.cache/radixlm/hicache``."""
+    root = os.environ.get("RADIXLM_CACHE_DIR") or os.path.join("~", ".cache", "radixlm")
+    return os.path.join(os.path.expanduser(root), "hicache")
+
+
+def model_identity(model_path: str) -> dict[str, object]:
+    """What names a model's weights: its config.json digest and the weight files' names and sizes."""
+    ident: dict[str, object] = {"path": os.path.abspath(model_path)}
+    config = os.path.join(model_path, "config.json")
+    if os.path.isfile(config):
+        with open(config, "rb") as f:
+            ident["config_blake2b"] = hashlib.blake2b(f.read(), digest_size=16).hexdigest()
+    if os.path.isdir(model_path):
+        ident["weights"] = sorted((e.name, e.stat().st_size) for e in os.scandir(model_path)
+                                  if e.name.endswith((".safetensors", ".bin", ".pt", ".gguf")))
+    return ident
+
+
+class HiCacheController:
+    """Host pool, host index and (optional) storage of one TP rank.
+
+    Sizes: the host pool holds ``ceil(device pages * hicache_ratio)`` pages.
+    """
+
+    def __init__(self, args: ServerArgs, runner: "ModelRunner") -> None:
+        self.args = args
+        self.kv_pool = runner.kv_pool
+        self.page_size = args.page_size
+        self.tp = runner.tp
+        mc = runner.model_config
+        num_host_pages = max(1, int(-(-runner.page_pool.num_pages * args.hicache_ratio // 1)))
+        self.host_pool = HostKVPool(num_host_pages, runner.kv_pool, runner.num_kv_heads, mc.head_dim, runner.dtype)
+        self.host_index = HostTierIndex(PagePool(num_host_pages, args.page_size))
+        self.write_through = args.hicache_write_policy == "write_through"
+        self.storage: Optional[FileKVStorage] = None
+        self.writer: Optional[BackgroundWriter] = None
+        if args.hicache_storage_backend == "file":
+            desc = {"format": STORAGE_FORMAT, "model": model_identity(mc.model_path), "architecture": mc.architecture,
+                    "dtype": str(runner.dtype), "page_size": args.page_size, "num_layers": mc.num_hidden_layers,
+                    "num_kv_heads": runner.num_kv_heads, "head_dim": mc.head_dim,
+                    "tp_rank": runner.tp.rank, "tp_size": runner.tp.size}
+            self.storage = FileKVStorage(args.hicache_storage_dir or default_storage_dir(), kv_fingerprint(desc), desc,
+                                         self.host_pool.page_bytes, int(args.hicache_storage_max_gb * 2**30))
+            if not self.write_through:
+                self.writer = BackgroundWriter(self.storage)
+        self._loading = False  # inserting loaded pages: they are already on host/storage
+        self.counters = {"host_saved_pages": 0, "storage_written_pages": 0, "loaded_host_pages": 0,
+                         "loaded_storage_pages": 0}
+        self.timing = {"save_s": 0.0, "load_s": 0.0}
+        logger.info("hierarchical cache: host pool of %d pages (%.1f MiB, %s), storage %s", num_host_pages,
+                    num_host_pages * self.host_pool.page_bytes / 2**20, args.hicache_write_policy,
+                    self.storage.dir if self.storage else "off")
+
+    # ---- TierListener -----------------------------------------------------------------------------
+    def on_insert(self, key: tuple[int, ...], start: int, pages: list[int]) -> None:
+        if not self.write_through or self._loading or not pages:
+            return
+        digests = page_digests(key, self.page_size)[start // self.page_size:]
+        self._back_up(digests, list(pages), storage_sync=True)
+
+    def on_evict(self, key: tuple[int, ...], pages: list[int]) -> None:
+        digests = page_digests(key, self.page_size)[-len(pages):] if pages else []
+        self._back_up(digests, list(pages), storage_sync=False)
+
+    def _back_up(self, digests: list[bytes], pages: list[int], storage_sync: bool) -> None:
+        """Copy the device pages not yet on host into the host pool; write the ones storage lacks."""
+        t0 = time.perf_counter()
+        fresh: dict[int, int] = {}  # host page -> device page (the last claim wins if a page is reused)
+        for d, p in zip(digests, pages):
+            if d in self.host_index:
+                self.host_index.touch([d])
+                continue
+            hp = self.host_index.add(d)
+            if hp is not None:
+                fresh[hp] = p
+        # A host page evicted by a later add of this batch is handed out again at once (LIFO free
+        # list), so keying by host page leaves exactly the live entries.
+        if fresh:
+            self.host_pool.save(self.kv_pool, list(fresh.values()), list(fresh.keys()))
+            self.counters["host_saved_pages"] += len(fresh)
+        self._write_storage(digests, pages, storage_sync)
+        self.timing["save_s"] += time.perf_counter() - t0
+
+    def _write_storage(self, digests: list[bytes], pages: list[int], sync: bool) -> None:
+        """Write the device pages whose files storage lacks or has broken (through the writer thread
+        unless ``sync``)."""
+        if self.storage is None:
+            return
+        missing = [(d, p) for d, p in zip(digests, pages) if not self.storage.has_page(d)]
+        if not missing:
+            return
+        data = self.host_pool.gather_device(self.kv_pool, [p for _, p in missing]).to("cpu")
+        for (d, _), page in zip(missing, data):
+            payload = self.host_pool.page_payload(page)
+            if sync or self.writer is None:
+                self.storage.put(d, payload)
+            else:
+                self.writer.submit(d, payload)
+        self.counters["storage_written_pages"] += len(missing)
+
+    # ---- load back ----------------------------------------------------------------------------------
+    def load_back(self, kv: "KVManager", key: list[int], m: MatchResult) -> tuple[MatchResult, dict[str, int]]:
+        """Extend the device match ``m`` of ``key`` (whose ``last_node`` the caller has locked) with
+        pages from the host pool, then storage; returns the new match (locked instead of ``m``) and
+        the tokens per tier: ``{"device", "host"[, "storage"]}``."""
+        ps = self.page_size
+        n_pages = len(key) // ps
+        dev_pages = m.num_tokens // ps
+        details = {"device": m.num_tokens, "host": 0}
+        if self.storage is not None:
+            details["storage"] = 0
+        if dev_pages >= n_pages or kv.tree.disable:
+            return m, details
+        t0 = time.perf_counter()
+        digests = page_digests(key[:n_pages * ps], ps)
+        room = (kv.pool.available_size + kv.tree.evictable_size()) // ps
+        host_pages: list[int] = []
+        i = dev_pages
+        while i < n_pages and len(host_pages) < room:
+            hp = self.host_index.lookup(digests[i])
+            if hp is None:
+                break
+            host_pages.append(hp)
+            i += 1
+        parts = [self.host_pool.gather(host_pages)] if host_pages else []
+        self.host_index.touch(digests[:i])
+        from_storage = 0
+        if self.storage is not None:
+            while i < n_pages and len(host_pages) + from_storage < room:
+                payload = self.storage.get(digests[i])
+                if payload is None:
+                    break
+                parts.append(self.host_pool.page_from_payload(payload)[None])
+                from_storage += 1
+                i += 1
+        found = len(host_pages) + from_storage
+        agreed = all_reduce_min(self.tp, found)  # every TP rank must admit the same tokens
+        if agreed == 0:
+            return m, details
+        new_pages = kv.alloc_pages(agreed)
+        if new_pages is None:  # cannot happen: room counted the evictable tokens
+            return m, details
+        data = torch.cat(parts)[:agreed]
+        self.host_pool.load(self.kv_pool, data, new_pages)
+        end = (dev_pages + agreed) * ps
+        self._loading = True
+        try:
+            existing = kv.tree.insert(key[:end], m.page_indices + new_pages)
+        finally:
+            self._loading = False
+        assert existing == m.num_tokens, "the device match was locked, so the tree cannot have grown along it"
+        m2 = kv.tree.match_prefix(key[:end])
+        kv.tree.lock(m2.last_node)
+        kv.tree.unlock(m.last_node)
+        n_host = min(len(host_pages), agreed)
+        details["host"] = n_host * ps
+        if self.storage is not None:
+            details["storage"] = (agreed - n_host) * ps
+        self.counters["loaded_host_pages"] += n_host
+        self.counters["loaded_storage_pages"] += agreed - n_host
+        self.timing["load_s"] += time.perf_counter() - t0
+        return m2, details
+
+    # ---- control and checks -------------------------------------------------------------------------
+    def flush_host(self) -> None:
+        """Forget the host tier (``/flush_cache``); storage is kept."""
+        self.host_index.clear()
+
+    def flush_storage(self) -> int:
+        """Delete this fingerprint's page files (after finishing queued writes). Returns how many."""
+        if self.storage is None:
+            return 0
+        if self.writer is not None:
+            self.writer.drain()
+        return self.storage.flush()
+
+    def drain(self) -> None:
+        """Wait for queued storage writes (write_back)."""
+        if self.writer is not None:
+            self.writer.drain()
+
+    def check_idle(self) -> None:
+        """Host pool accounting: every host page free or indexed once.
+
+        Raises:
+            RuntimeError: naming the leak.
+        """
+        try:
+            self.host_index.check_invariants()
+        except AssertionError as e:
+            raise RuntimeError(str(e)) from None
+        if self._loading:
+            raise RuntimeError("hicache: a load is still marked in progress while idle")
+
+    def state(self) -> dict[str, float]:
+        """Counters for ``InternalState.hicache`` (tokens unless named otherwise)."""
+        ps = self.page_size
+        out: dict[str, float] = {
+            "host_capacity_tokens": self.host_index.capacity_pages * ps,
+            "host_used_tokens": self.host_index.used_pages() * ps,
+            "host_evicted_tokens": self.host_index.num_evicted * ps,
+            "host_saved_tokens": self.counters["host_saved_pages"] * ps,
+            "loaded_host_tokens": self.counters["loaded_host_pages"] * ps,
+            "loaded_storage_tokens": self.counters["loaded_storage_pages"] * ps,
+            "save_seconds": self.timing["save_s"], "load_seconds": self.timing["load_s"],
+        }
+        if self.storage is not None:
+            st = self.storage.stats
+            out.update(storage_bytes=self.storage.size_bytes(), storage_files=self.storage.num_files(),
+                       storage_written_tokens=self.counters["storage_written_pages"] * ps,
+                       storage_hits=st["hits"], storage_skipped_bad=st["skipped_bad"], storage_evicted=st["evicted"])
+        return out
+
+    def close(self, tree: "RadixCache") -> None:
+        """At shutdown: with ``write_back``, write the pages still only on device (never evicted, such
+        as a hot system prompt) to storage, so a restart finds them; finish queued writes and stop the
+        writer thread."""
+        if self.writer is None:
+            return
+        stack = list(tree.root.children.values())
+        while stack:
+            node = stack.pop()
+            stack.extend(node.children.values())
+            digests = page_digests(tree.full_key(node), self.page_size)[-len(node.value):]
+            self._write_storage(digests, node.value, sync=False)
+        self.writer.close()
+        self.writer = None  # closed: later writes (if any) go straight to storage
