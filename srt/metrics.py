@@ -11,6 +11,12 @@ Series (units in the names):
   prompt tokens since start), ``radixlm:num_running_reqs``, ``radixlm:num_queued_reqs``,
   ``radixlm:token_usage`` (fraction of the KV pool held by requests; evictable cached prefixes count as
   free), ``radixlm:max_total_num_tokens``;
+- speculative decoding (``--speculative-algorithm``; 0 while off), counters advanced from the scheduler's
+  totals at scrape time: ``radixlm:spec_verify_steps_total`` (request-steps that verified a draft),
+  ``radixlm:spec_draft_tokens_total``, ``radixlm:spec_accepted_tokens_total`` (drafted tokens accepted),
+  ``radixlm:spec_verify_output_tokens_total`` (output tokens of verify steps: accepted + bonus); gauges
+  ``radixlm:spec_accept_length`` (output tokens per verify step since start) and ``radixlm:spec_accept_rate``
+  (accepted / drafted tokens);
 - histograms: ``radixlm:time_to_first_token_seconds`` and ``radixlm:inter_token_latency_seconds``
   (streaming requests), ``radixlm:e2e_request_latency_seconds``.
 """
@@ -58,6 +64,15 @@ class ServerMetrics:
         self.num_queued = gauge("num_queued_reqs", "Requests waiting in the scheduler queue")
         self.token_usage = gauge("token_usage", "Fraction of KV slots held by requests")
         self.max_total_tokens = gauge("max_total_num_tokens", "KV pool size in tokens")
+        self.spec_verify_steps = counter("spec_verify_steps", "Request-steps that verified a speculative draft")
+        self.spec_draft_tokens = counter("spec_draft_tokens", "Speculative tokens drafted")
+        self.spec_accepted_tokens = counter("spec_accepted_tokens", "Speculative tokens drafted and accepted")
+        self.spec_verify_output_tokens = counter("spec_verify_output_tokens",
+                                                 "Output tokens of verify steps (accepted drafts + bonus tokens)")
+        self.spec_accept_length = gauge("spec_accept_length", "Output tokens per verify step since start")
+        self.spec_accept_rate = gauge("spec_accept_rate", "Accepted / drafted speculative tokens since start")
+        # The scheduler's totals at the previous scrape (its counters only grow).
+        self._spec_seen = (0, 0, 0, 0)
         self.ttft = histogram("time_to_first_token_seconds", "Time to first token (streaming requests)")
         self.itl = histogram("inter_token_latency_seconds", "Time between streamed outputs, per token")
         self.e2e = histogram("e2e_request_latency_seconds", "Arrival to finish")
@@ -94,6 +109,19 @@ class ServerMetrics:
         self.max_total_tokens.set(state.max_total_num_tokens)
         prompt = state.num_prompt_tokens
         self.cache_hit_rate.set(state.num_cached_tokens / prompt if prompt else 0.0)
+        self._set_spec(state)
+
+    def _set_spec(self, state: InternalState) -> None:
+        now = (state.num_spec_verify_steps, state.num_spec_draft_tokens, state.num_spec_accepted_drafts,
+               state.num_spec_verify_tokens)
+        for c, new, old in zip((self.spec_verify_steps, self.spec_draft_tokens, self.spec_accepted_tokens,
+                                self.spec_verify_output_tokens), now, self._spec_seen):
+            if new > old:
+                c.inc(new - old)
+        self._spec_seen = tuple(max(a, b) for a, b in zip(now, self._spec_seen))  # type: ignore[assignment]
+        steps, drafted, accepted, emitted = now
+        self.spec_accept_length.set(emitted / steps if steps else 0.0)
+        self.spec_accept_rate.set(accepted / drafted if drafted else 0.0)
 
     def render(self) -> bytes:
         """The registry in Prometheus text exposition format."""
