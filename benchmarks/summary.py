@@ -6,7 +6,8 @@ A table per workload JSON, a row per target: output throughput (tok/s) and radix
 (radixlm ÷ target: the issue's targets are "radixlm ≥ N× peer"), request throughput (req/s),
 median TTFT / TPOT / end-to-end latency (ms), cache hit rate. ``json_schema``: mean TPOT (ms) per
 target and its ratio to the same server unconstrained (``<label>-free``; the issue's target is ≤ 1.2).
-``sweep_c*`` JSONs: one table of output throughput (tok/s) per target × max concurrency.
+``ngram_*`` JSONs (speculative decoding): output tok/s, its ratio to radixlm (speculation off), the
+acceptance length and whether the outputs equal radixlm's. ``sweep_c*`` JSONs: one table of output throughput (tok/s) per target × max concurrency.
 Skipped targets appear with the reason. Missing metrics print as ``–``.
 """
 
@@ -18,7 +19,7 @@ import re
 from pathlib import Path
 from typing import Any, Optional
 
-ORDER = ["shared_prefix", "decode_heavy", "random", "json_schema"]
+ORDER = ["shared_prefix", "decode_heavy", "random", "json_schema", "ngram_copy_c1", "ngram_copy_c8", "ngram_random"]
 
 
 def fmt(v: Any, digits: int = 3) -> str:
@@ -82,6 +83,24 @@ def json_schema_table(payload: dict) -> list[str]:
     return lines
 
 
+def speculative_table(payload: dict) -> list[str]:
+    """Rows per target: output tok/s, ÷ radixlm (speculation off), spec_accept_length, same outputs."""
+    base = _base(payload["targets"])
+    same = payload.get("identical_outputs", {})
+    lines = ["| system | output tok/s | ÷ radixlm | spec_accept_length | TPOT p50 (ms) | outputs = radixlm |",
+             "|---|---|---|---|---|---|"]
+    for t in payload["targets"]:
+        if t.get("skipped"):
+            lines.append(f"| {t['label']} | skipped: {t['skipped'][:80]} | | | | |")
+            continue
+        m = t["metrics"]
+        ratio = m["output_throughput"] / base["metrics"]["output_throughput"] if base and base["metrics"]["output_throughput"] else None
+        eq = "–" if t is base else ("yes" if same.get(t["label"]) else "NO")
+        lines.append(f"| {t['label']} | {fmt(m['output_throughput'])} | {fmt(ratio)} | {fmt(m.get('spec_accept_length'))} "
+                     f"| {fmt(m['median_tpot_ms'])} | {eq} |")
+    return lines
+
+
 def sweep_table(payloads: dict[int, dict]) -> list[str]:
     """Output tok/s per target (rows) × max concurrency (columns)."""
     concs = sorted(payloads)
@@ -116,7 +135,12 @@ def summarize(results_dir: Path) -> str:
         if not p.exists():
             continue
         payload = json.loads(p.read_text())
-        table = json_schema_table(payload) if payload["dataset"]["name"] == "json-schema" else throughput_table(payload)
+        if payload["dataset"]["name"] == "json-schema":
+            table = json_schema_table(payload)
+        elif name.startswith("ngram_"):
+            table = speculative_table(payload)
+        else:
+            table = throughput_table(payload)
         parts.append("\n".join([f"### {name}", "", describe(payload), "", *table]))
     sweep = sweep_payloads(results_dir)
     if sweep:
