@@ -32,14 +32,16 @@ class NgramIndex:
     """The latest occurrence of every n-gram (``min_n`` <= n <= ``max_n`` tokens) of a growing
     sequence that has a continuation, i.e. does not end at the sequence's last token.
 
-    Memory: O((max_n - min_n + 1) * len(seq)) dict entries. ``update`` costs the same per new token.
+    Keys are the n-grams' hashes (an int per entry, not a tuple; a lookup re-checks the tokens, so a
+    collision only loses a draft). Memory: (max_n - min_n + 1) * len(seq) dict entries; ``update``
+    costs max_n - min_n + 1 hashes per new token.
     """
 
     def __init__(self, min_n: int, max_n: int):
         if not 1 <= min_n <= max_n:
             raise ValueError(f"need 1 <= min_n <= max_n, got {min_n}, {max_n}")
         self.min_n, self.max_n = min_n, max_n
-        self._tables: list[dict[tuple[int, ...], int]] = [{} for _ in range(max_n - min_n + 1)]
+        self._tables: list[dict[int, int]] = [{} for _ in range(max_n - min_n + 1)]
         self._done = 0  # n-grams ending at positions <= _done are indexed (end exclusive)
 
     def update(self, seq: Sequence[int]) -> None:
@@ -48,7 +50,7 @@ class NgramIndex:
         lo, hi, tables = self.min_n, self.max_n, self._tables
         for end in range(self._done + 1, len(seq)):
             for n in range(lo, min(hi, end) + 1):
-                tables[n - lo][tuple(seq[end - n:end])] = end
+                tables[n - lo][hash(tuple(seq[end - n:end]))] = end
         self._done = max(self._done, len(seq) - 1)
 
     def lookup(self, seq: Sequence[int], max_tokens: int) -> list[int]:
@@ -58,8 +60,9 @@ class NgramIndex:
         if max_tokens <= 0:
             return []
         for n in range(min(self.max_n, len(seq) - 1), self.min_n - 1, -1):
-            end = self._tables[n - self.min_n].get(tuple(seq[len(seq) - n:]))
-            if end is not None:
+            suffix = tuple(seq[len(seq) - n:])
+            end = self._tables[n - self.min_n].get(hash(suffix))
+            if end is not None and tuple(seq[end - n:end]) == suffix:  # not a hash collision
                 return list(seq[end:end + max_tokens])
         return []
 
