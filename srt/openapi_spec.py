@@ -149,7 +149,10 @@ def _native_schemas() -> dict:
     meta = {"type": "object", "required": ["id", "finish_reason"],
             "properties": {"id": {"type": "string"}, "finish_reason": finish,
                            **{k: {"type": "integer", "minimum": 0} for k in
-                              ("prompt_tokens", "completion_tokens", "cached_tokens", "total_retractions")}}}
+                              ("prompt_tokens", "completion_tokens", "cached_tokens", "total_retractions")},
+                           # only with --speculative-algorithm
+                           "spec_verify_ct": {"type": "integer", "minimum": 0},
+                           "spec_accept_length": {"type": "number", "minimum": 0}}}
     response = {"type": "object", "required": ["text", "output_ids", "meta_info"],
                 "properties": {"text": {"type": "string"}, "output_ids": {"type": "array", "items": {"type": "integer"}},
                                "meta_info": meta, "index": {"type": "integer"}}}
