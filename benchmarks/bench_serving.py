@@ -100,6 +100,9 @@ class RequestOutput:
     latency: float = 0.0
     itl: list[float] = field(default_factory=list)
     text: str = ""
+    # radixlm / SGLang with --speculative-algorithm: meta_info's verify steps and tokens per step.
+    spec_verify_ct: Optional[int] = None
+    spec_accept_length: Optional[float] = None
     output_ids: Optional[list[int]] = None  # hf-static only
     tool_calls: dict[int, dict] = field(default_factory=dict)  # streamed calls: index -> name, arguments
 
@@ -178,6 +181,8 @@ async def send_request(client: httpx.AsyncClient, target: Target, req: BenchRequ
                     out.prompt_len = meta.get("prompt_tokens", out.prompt_len)
                     out.cached_tokens = meta.get("cached_tokens", out.cached_tokens)
                     out.cached_tokens_details = meta.get("cached_tokens_details", out.cached_tokens_details)
+                    out.spec_verify_ct = meta.get("spec_verify_ct", out.spec_verify_ct)
+                    out.spec_accept_length = meta.get("spec_accept_length", out.spec_accept_length)
                 else:
                     usage = ev.get("usage") or usage
                     timings = ev.get("timings") or timings
@@ -262,6 +267,10 @@ def compute_metrics(outputs: list[RequestOutput], duration_s: float) -> dict[str
         **tier_hit_rates(ok),
         "concurrency": sum(o.latency for o in ok) / duration_s if duration_s > 0 else 0.0,
     }
+    spec = [o for o in ok if o.spec_verify_ct]
+    if spec:  # output tokens per verify step over all requests (SGLang's spec_accept_length)
+        m["spec_accept_length"] = (sum(o.spec_accept_length * o.spec_verify_ct for o in spec)  # type: ignore[operator]
+                                   / sum(o.spec_verify_ct for o in spec))  # type: ignore[misc]
     for name, vals in (("ttft_ms", [o.ttft for o in streamed]), ("tpot_ms", tpots),
                        ("itl_ms", [x for o in ok for x in o.itl]), ("e2e_latency_ms", [o.latency for o in ok])):
         for k, v in _stats(vals).items():
@@ -385,7 +394,8 @@ async def benchmark(target: Target, requests: list[BenchRequest], args, tokenize
             "metrics": metrics, "errors": errors[:10],
             "requests": [{"success": o.success, "prompt_len": o.prompt_len, "output_len": o.output_len,
                           "cached_tokens": o.cached_tokens, "cached_tokens_details": o.cached_tokens_details,
-                          "turn": o.turn, "ttft": o.ttft, "latency": o.latency}
+                          "turn": o.turn, "ttft": o.ttft, "latency": o.latency,
+                          "text": o.text, "spec_verify_ct": o.spec_verify_ct, "spec_accept_length": o.spec_accept_length}
                          for o in outputs]}
 
 
@@ -444,7 +454,18 @@ def _valid_json(text: str) -> bool:
 ROWS = ["completed", "failed", "duration_s", "request_throughput", "input_throughput", "output_throughput",
         "cache_hit_rate", "cache_hit_rate_device", "cache_hit_rate_host", "cache_hit_rate_storage",
         *[f"{s}_{n}_ms" for n in ("ttft", "tpot", "itl", "e2e_latency") for s in ("mean", "median", "p99")],
-        "concurrency", "json_valid_rate", "tool_call_rate"]
+        "concurrency", "json_valid_rate", "tool_call_rate", "spec_accept_length"]
+
+
+
+def identical_outputs(results: list[dict]) -> dict[str, bool]:
+    """For each target after the first that ran the same requests: is every output text equal to the
+    first target's (meaningful for greedy runs, e.g. speculative decoding on vs off)?"""
+    ran = [r for r in results if not r.get("skipped") and r["requests"]]
+    if len(ran) < 2:
+        return {}
+    base = [q["text"] for q in ran[0]["requests"]]
+    return {r["label"]: [q["text"] for q in r["requests"]] == base for r in ran[1:]}
 
 
 def report(results: list[dict]) -> list[dict]:
@@ -587,11 +608,15 @@ def main(argv: Optional[list[str]] = None) -> dict:
         elif r["errors"]:
             print(f"{r['label']}: {r['metrics']['failed']} failed, e.g. {r['errors'][0]}")
     rows = report(results)
+    same = identical_outputs(results)
+    if same:
+        print("outputs identical to " + results[0]["label"] + ": "
+              + ", ".join(f"{k}: {'yes' if v else 'NO'}" for k, v in same.items()))
     rate = args.request_rate if math.isfinite(args.request_rate) else "inf"  # strict JSON has no Infinity
     payload = {"benchmark": "bench_serving", "dataset": dataset, "tokenizer": tokenizer.name_or_path,
                "busy_procs": args.busy_procs,
                "request_rate": rate, "max_concurrency": args.max_concurrency,
-               "targets": results, "table": rows, "args": {**vars(args), "request_rate": rate}}
+               "targets": results, "table": rows, "identical_outputs": same, "args": {**vars(args), "request_rate": rate}}
     common.write_json(args.output, payload)
     return payload
 

@@ -25,17 +25,26 @@ Workloads (SGLang's ``bench_serving`` names):
   The runner sends them with the target's ``tool_choice`` (``required`` / ``auto`` / ``none``, or
   ``omit``: no tools at all), so one run compares the constrained calls with the same requests
   unconstrained. EOS is honoured (the grammar ends a call); ``output_len`` is the cap.
+- ``copy-edit``: copy-heavy prompts, where most of the answer repeats the prompt (the workload of
+  n-gram speculative decoding), cycling through three kinds built from text shipped in this
+  repository: JSON rewriting (records drawn from the seed, "the same JSON with one field changed"),
+  code editing (a window of a radixlm source file, "the same code with one name renamed") and quoting
+  RAG (a paragraph of docs/architecture.md, "quote the passage"). Prompts end where the copy starts;
+  ``output_len`` is the copied text's token length capped at ``--copy-output-len`` (EOS ignored).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import random
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-DATASETS = ("random", "generated-shared-prefix", "multi-turn", "json-schema", "tool-calls")
+DATASETS = ("random", "generated-shared-prefix", "multi-turn", "json-schema", "tool-calls", "copy-edit")
+REPO = Path(__file__).resolve().parents[1]
 
 
 @dataclass
@@ -228,6 +237,49 @@ def sample_tool_calls(tok: Any, num_prompts: int, output_len: int, seed: int = 0
         out.append(BenchRequest(prompt=f"{TOOL_SYSTEM}\n{user}", prompt_len=tm.count(TOOL_SYSTEM) + tm.count(user),
                                 output_len=output_len, user=user, system=TOOL_SYSTEM, ignore_eos=False,
                                 tools=TOOLS))
+
+
+_PEOPLE = ["Ana", "Ben", "Chen", "Dara", "Eli", "Farah", "Goran", "Hana", "Ivo", "Jun", "Kemal", "Lea"]
+_COPY_CITIES = ["Lisbon", "Oslo", "Lima", "Quito", "Cairo", "Hanoi", "Perth", "Riga", "Tunis", "Accra"]
+_CODE_FILES = ("radix_cache/page_pool.py", "radix_cache/radix_cache.py", "managers/kv_manager.py",
+               "managers/schedule_batch.py", "srt/forward_batch.py", "kernels/sampling.py")
+
+
+def _copy_json(rng: random.Random) -> tuple[str, str]:
+    recs = [{"id": i, "name": n, "city": rng.choice(_COPY_CITIES), "age": rng.randint(18, 90), "active": rng.random() < 0.5}
+            for i, n in enumerate(rng.sample(_PEOPLE, rng.randint(4, 7)))]
+    doc = json.dumps(recs, indent=2)
+    who = rng.choice(recs)
+    field_, value = rng.choice([("age", rng.randint(18, 90)), ("city", json.dumps(rng.choice(_COPY_CITIES)))])
+    return doc, f"Input JSON:\n{doc}\n\nThe same JSON with the {field_} of {who['name']} changed to {value}:\n"
+
+
+def _copy_code(rng: random.Random) -> tuple[str, str]:
+    lines = (REPO / rng.choice(_CODE_FILES)).read_text().splitlines()
+    start = rng.randrange(max(1, len(lines) - 30))
+    doc = "\n".join(lines[start:start + rng.randint(15, 30)])
+    names = sorted({w for w in re.findall(r"\b[a-z_]{4,}\b", doc)}) or ["self"]
+    old = rng.choice(names)
+    return doc, (f"Original code:\n```python\n{doc}\n```\n\nThe same code with `{old}` renamed to "
+                 f"`{old}_v2`:\n```python\n")
+
+
+def _copy_quote(rng: random.Random) -> tuple[str, str]:
+    text = (REPO / "docs" / "architecture.md").read_text()
+    paras = [p.strip() for p in text.split("\n\n") if 300 <= len(p.strip()) <= 1500 and not p.startswith(("|", "```"))]
+    doc = rng.choice(paras)
+    return doc, f"Passage:\n{doc}\n\nQuestion: what does the passage say? Quote it word for word.\nQuote:\n"
+
+
+def sample_copy_edit(tok: Any, num_prompts: int, output_len: int, seed: int = 0) -> list[BenchRequest]:
+    """``num_prompts`` copy-heavy prompts (JSON rewrite, code edit, quote; in turn)."""
+    rng, tm = random.Random(seed), TextMaker(tok)
+    makers = (_copy_json, _copy_code, _copy_quote)
+    out = []
+    for i in range(num_prompts):
+        doc, text = makers[i % len(makers)](rng)
+        out.append(BenchRequest(prompt=text, prompt_len=tm.count(text), output_len=min(output_len, tm.count(doc) + 8),
+                                user=text, extra={"kind": makers[i % len(makers)].__name__[6:]}))
     return out
 
 
@@ -250,6 +302,7 @@ def add_dataset_args(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--json-input-len", type=int, nargs=2, default=[32, 128], metavar=("MIN", "MAX"))
     g.add_argument("--json-output-len", type=int, default=96)
     g.add_argument("--tool-output-len", type=int, default=128, help="tool-calls: max output tokens per request")
+    g.add_argument("--copy-output-len", type=int, default=256, help="copy-edit: max output tokens per prompt")
 
 
 def build_dataset(args: argparse.Namespace, tok: Any) -> list[BenchRequest]:
@@ -268,6 +321,8 @@ def build_dataset(args: argparse.Namespace, tok: Any) -> list[BenchRequest]:
         return sample_json_schema(tok, args.num_prompts, tuple(args.json_input_len), args.json_output_len, seed)
     if name == "tool-calls":
         return sample_tool_calls(tok, args.num_prompts, args.tool_output_len, seed)
+    if name == "copy-edit":
+        return sample_copy_edit(tok, args.num_prompts, args.copy_output_len, seed)
     raise ValueError(f"unknown dataset {name!r}")
 
 
@@ -278,5 +333,6 @@ def describe(args: argparse.Namespace) -> dict:
                                         "gsp_question_len", "gsp_output_len"),
             "multi-turn": ("mt_conversations", "mt_turns", "mt_turn_len", "mt_output_len"),
             "json-schema": ("num_prompts", "json_input_len", "json_output_len"),
-            "tool-calls": ("num_prompts", "tool_output_len")}[args.dataset_name]
+            "tool-calls": ("num_prompts", "tool_output_len"),
+            "copy-edit": ("num_prompts", "copy_output_len")}[args.dataset_name]
     return {"name": args.dataset_name, "seed": args.seed, **{k: getattr(args, k) for k in keys}}

@@ -19,10 +19,15 @@ Workloads (full size; ``QUICK`` ones in ``QUICK_WORKLOADS``), greedy, EOS ignore
 - ``tool_calls``: tool-calls, 16 agent requests (4 tools each), output ≤ 128, max concurrency 4, on
   radixlm's ``/v1/chat/completions``: ``tool_choice`` required (calls forced by the grammar), auto, and
   none (the same requests, tools left out of the prompt, no grammar). The target: TPOT ÷ none.
+- ``ngram_copy_c{1,8}`` / ``ngram_random``: n-gram speculative decoding (issue 15), radixlm vs
+  ``radixlm-ngram`` (the same server flags plus ``--speculative-algorithm NGRAM``): copy-edit, 8 / 16
+  prompts at max concurrency 1 / 8, and random (16 prompts, input 64–256, output 64–128, concurrency
+  8). Greedy, so both must give the same text (``identical_outputs`` in the JSON).
 - ``sweep_c{1,4,16,64}``: decode-heavy's shape (input 64–128, output 128) at max concurrency c with
   max(8, 2c) requests; hf-static batch c. For the throughput-vs-concurrency plot.
 
-Target labels (``run_peers.sh``): radixlm, radixlm-nocache, vllm, llama-server, hf-serve, hf-static.
+Target labels (``run_peers.sh``): radixlm, radixlm-nocache, radixlm-ngram, vllm, llama-server, hf-serve,
+hf-static. ``radixlm-ngram`` only runs in the workloads that name it.
 """
 
 from __future__ import annotations
@@ -38,8 +43,10 @@ from pathlib import Path
 from typing import Optional
 
 HERE = Path(__file__).resolve().parent
-ALL = None  # every target
+ALL = None  # every target but the ones only named workloads run (ONLY_NAMED)
 NO_NOCACHE = ("radixlm", "vllm", "llama-server", "hf-serve", "hf-static")
+NGRAM = ("radixlm", "radixlm-ngram")
+ONLY_NAMED = ("radixlm-ngram",)
 SWEEP = (1, 4, 16, 64)
 QUICK_SWEEP = (1, 2, 4)
 
@@ -70,6 +77,7 @@ def workloads(quick: bool) -> list[tuple[str, Optional[tuple[str, ...]], list[st
                                           "--tool-output-len", "64", "--max-concurrency", "2"]),
             *[(f"sweep_c{c}", NO_NOCACHE, _random(2 * c, (8, 16), (8, 8), c, c)) for c in QUICK_SWEEP],
             ("busy2_c1", NO_NOCACHE, [*_random(2, (8, 16), (8, 8), 1, 1), "--busy-procs", "2"]),
+            *_ngram(True),
         ]
     return [
         ("shared_prefix", ALL, ["--dataset-name", "generated-shared-prefix", "--gsp-num-groups", "8",
@@ -90,7 +98,21 @@ def workloads(quick: bool) -> list[tuple[str, Optional[tuple[str, ...]], list[st
                                              "--gsp-question-len", "32", "--gsp-output-len", "32",
                                              "--hf-batch-size", "32", "--busy-procs", "2"]),
         ("busy2_c1", NO_NOCACHE, [*_random(8, (64, 128), (128, 128), 1, 1), "--busy-procs", "2"]),
+        *_ngram(False),
     ]
+
+
+def _ngram(quick: bool) -> list[tuple[str, Optional[tuple[str, ...]], list[str]]]:
+    """Speculative decoding on vs off: copy-heavy at concurrency 1 and 8, random at 8."""
+    def copy(n: int, conc: int, out: int) -> list[str]:
+        return ["--dataset-name", "copy-edit", "--num-prompts", str(n), "--copy-output-len", str(out),
+                "--max-concurrency", str(conc)]
+
+    if quick:
+        return [("ngram_copy_c1", NGRAM, copy(2, 1, 32)), ("ngram_copy_c8", NGRAM, copy(4, 4, 32)),
+                ("ngram_random", NGRAM, _random(4, (8, 32), (8, 16), 4, 4))]
+    return [("ngram_copy_c1", NGRAM, copy(8, 1, 256)), ("ngram_copy_c8", NGRAM, copy(16, 8, 256)),
+            ("ngram_random", NGRAM, _random(16, (64, 256), (64, 128), 8, 8))]
 
 
 def _random(n: int, inp: tuple[int, int], out: tuple[int, int], conc: int, hf_batch: int) -> list[str]:
@@ -118,7 +140,7 @@ def target_flags(name: str, labels: Optional[tuple[str, ...]], targets: list[tup
     for tool_calls each server three times on its chat route, ``-required``, ``-auto`` and ``-none``."""
     flags: list[str] = []
     for label, url, backend in targets:
-        if labels is not None and label not in labels:
+        if (labels is None and label in ONLY_NAMED) or (labels is not None and label not in labels):
             continue
         if name == "json_schema":
             field = "response_format" if label == "vllm" else "auto"

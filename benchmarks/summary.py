@@ -8,7 +8,8 @@ median TTFT / TPOT / end-to-end latency (ms), cache hit rate. ``json_schema``: m
 target and its ratio to the same server unconstrained (``<label>-free``; the issue's target is ≤ 1.2).
 ``tool_calls``: per target its ``tool_choice``, median TTFT, mean TPOT and their ratios to the same
 server with ``tool_choice`` none (or omit), output tok/s, the share of requests that produced valid calls.
-``sweep_c*`` JSONs: one table of output throughput (tok/s) per target × max concurrency.
+``ngram_*`` JSONs (speculative decoding): output tok/s, its ratio to radixlm (speculation off), the
+acceptance length and whether the outputs equal radixlm's. ``sweep_c*`` JSONs: one table of output throughput (tok/s) per target × max concurrency.
 Skipped targets appear with the reason. Missing metrics print as ``–``.
 """
 
@@ -20,7 +21,7 @@ import re
 from pathlib import Path
 from typing import Any, Optional
 
-ORDER = ["shared_prefix", "decode_heavy", "random", "json_schema", "tool_calls"]
+ORDER = ["shared_prefix", "decode_heavy", "random", "json_schema", "tool_calls", "ngram_copy_c1", "ngram_copy_c8", "ngram_random"]
 
 
 def fmt(v: Any, digits: int = 3) -> str:
@@ -110,6 +111,23 @@ def tool_calls_table(payload: dict) -> list[str]:
         lines.append(f"| {t['label']} | {t.get('tool_choice', '')} | {fmt(m['median_ttft_ms'])} "
                      f"| {fmt(ratio('median_ttft_ms'))} | {fmt(m['mean_tpot_ms'])} | {fmt(ratio('mean_tpot_ms'))} "
                      f"| {fmt(m['output_throughput'])} | {fmt(m.get('tool_call_rate'))} |")
+
+
+def speculative_table(payload: dict) -> list[str]:
+    """Rows per target: output tok/s, ÷ radixlm (speculation off), spec_accept_length, same outputs."""
+    base = _base(payload["targets"])
+    same = payload.get("identical_outputs", {})
+    lines = ["| system | output tok/s | ÷ radixlm | spec_accept_length | TPOT p50 (ms) | outputs = radixlm |",
+             "|---|---|---|---|---|---|"]
+    for t in payload["targets"]:
+        if t.get("skipped"):
+            lines.append(f"| {t['label']} | skipped: {t['skipped'][:80]} | | | | |")
+            continue
+        m = t["metrics"]
+        ratio = m["output_throughput"] / base["metrics"]["output_throughput"] if base and base["metrics"]["output_throughput"] else None
+        eq = "–" if t is base else ("yes" if same.get(t["label"]) else "NO")
+        lines.append(f"| {t['label']} | {fmt(m['output_throughput'])} | {fmt(ratio)} | {fmt(m.get('spec_accept_length'))} "
+                     f"| {fmt(m['median_tpot_ms'])} | {eq} |")
     return lines
 
 
@@ -148,8 +166,14 @@ def summarize(results_dir: Path) -> str:
             continue
         payload = json.loads(p.read_text())
         kind = payload["dataset"]["name"]
-        table = json_schema_table(payload) if kind == "json-schema" else tool_calls_table(payload) \
-            if kind == "tool-calls" else throughput_table(payload)
+        if kind == "json-schema":
+            table = json_schema_table(payload)
+        elif kind == "tool-calls":
+            table = tool_calls_table(payload)
+        elif name.startswith("ngram_"):
+            table = speculative_table(payload)
+        else:
+            table = throughput_table(payload)
         parts.append("\n".join([f"### {name}", "", describe(payload), "", *table]))
     sweep = sweep_payloads(results_dir)
     if sweep:

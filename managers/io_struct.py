@@ -102,6 +102,12 @@ class InternalState(msgspec.Struct, tag=True, kw_only=True):
     context_len: int
     num_grammar_compiles: int = 0
     num_grammar_cache_hits: int = 0
+    # Speculative decoding since start (0 while off): request-steps that verified a draft, drafted
+    # tokens, drafted tokens accepted, output tokens of verify steps (accepted + bonus).
+    num_spec_verify_steps: int = 0
+    num_spec_draft_tokens: int = 0
+    num_spec_accepted_drafts: int = 0
+    num_spec_verify_tokens: int = 0
     attention_backend: str = ""  # the backends actually chosen (``auto`` resolved)
     gemm_backend: str = ""
     elementwise_backend: str = ""
@@ -142,6 +148,10 @@ class BatchTokenOut(msgspec.Struct, tag=True, kw_only=True):
     num_retractions: list[int]
     # Hierarchical cache: cached tokens per tier ({"device", "host"[, "storage"]}); None without it.
     cached_tokens_details: list[Optional[dict[str, int]]] = []
+    # Speculative decoding, per request (None while it is off): verify steps so far, and the output
+    # tokens they produced (accepted drafts + bonus tokens).
+    spec_verify_ct: list[Optional[int]] = msgspec.field(default_factory=list)
+    spec_accepted_tokens: list[int] = msgspec.field(default_factory=list)
 
 
 class BatchStrOut(msgspec.Struct, tag=True, kw_only=True):

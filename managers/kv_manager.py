@@ -120,6 +120,17 @@ class KVManager:
         table[rows, cols] = torch.tensor(slots, dtype=torch.int64)
         return slots
 
+    def free_beyond_cached(self, req: Req, end: int) -> None:
+        """Free ``req``'s pages that hold only positions in ``[num_cached, end)``: slots of
+        speculative tokens that were rejected (or cut by a stop), allocated by ``alloc_tokens`` up
+        to ``end``. The page holding position ``num_cached - 1`` stays (its later slots are reused
+        by the next allocation)."""
+        ps = self.page_size
+        first = -(-req.num_cached // ps) * ps
+        last = -(-end // ps) * ps
+        if last > first:
+            self.pool.free(self._row_pages(req.req_pool_idx, first, last))  # type: ignore[arg-type]
+
     def _write_pages(self, row: int, start: int, pages: list[int]) -> None:
         ps = self.page_size
         idx = torch.tensor(pages, dtype=torch.int64)

@@ -44,6 +44,8 @@ def build_batch_output(reqs: list[Req], stats: dict[str, int]) -> Optional[Batch
         out.input_tail_ids.append(None if r.stop_strs_sent else r.origin_input_ids[-DETOKENIZE_CONTEXT_TOKENS:])
         out.num_retractions.append(r.num_retractions)
         out.cached_tokens_details.append(r.cached_tokens_details)
+        out.spec_verify_ct.append(r.spec_verify_ct)
+        out.spec_accepted_tokens.append(r.spec_accepted_tokens)
         if r.return_logprob:
             out.output_token_logprobs.append(r.pending_output_logprobs)
             out.output_top_logprobs.append(r.pending_output_top if r.top_logprobs_num else None)

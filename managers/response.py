@@ -1,7 +1,7 @@
 """Accumulates a request's ``BatchStrOut`` entries into SGLang's ``/generate`` response shape.
 
 ``{"text", "output_ids", "meta_info": {"id", "finish_reason", "prompt_tokens", "completion_tokens",
-"cached_tokens", "e2e_latency", [logprob fields]}}``; logprobs are ``[logprob, token_id, text|None]``
+"cached_tokens", "e2e_latency", [spec_verify_ct, spec_accept_length], [logprob fields]}}``; logprobs are ``[logprob, token_id, text|None]``
 triples (text only with ``return_text_in_logprobs``).
 """
 
@@ -47,6 +47,10 @@ class ResponseAccumulator:
                          cached_tokens=t.cached_tokens[i], total_retractions=t.num_retractions[i])
         if t.cached_tokens_details and t.cached_tokens_details[i] is not None:
             self.meta["cached_tokens_details"] = t.cached_tokens_details[i]
+        verify_ct = t.spec_verify_ct[i] if i < len(t.spec_verify_ct) else None
+        if verify_ct is not None:  # speculative decoding is on: SGLang's two fields
+            self.meta["spec_verify_ct"] = verify_ct
+            self.meta["spec_accept_length"] = t.spec_accepted_tokens[i] / verify_ct if verify_ct else 1.0
         if self.return_logprob:
             lps = t.output_token_logprobs[i] or []
             self.output_token_logprobs.extend(self._triples(list(zip(lps, new_ids))))

@@ -22,7 +22,8 @@ class ResultProcessor:
         self.tokenizer = tokenizer
         self.top_logprobs_cap = top_logprobs_cap
 
-    def _decode(self, ids: list[int]) -> str:
+    def decode_text(self, ids: list[int]) -> str:
+        """Token ids -> text as the stop-string checks read it (special tokens kept)."""
         return self.tokenizer.decode(ids, skip_special_tokens=False)
 
     def sampling_inputs(self, reqs: list[Req], mwb: ModelWorkerBatch, vocab_size: int
@@ -82,7 +83,7 @@ class ResultProcessor:
             if r.grammar is not None and not r.grammar.accept_token(next_ids[i]):
                 r.to_abort = FinishReason(type="abort", status_code=500,
                                           message=f"internal error: the grammar rejected sampled token {next_ids[i]}")
-            r.check_finished(self._decode)
+            r.check_finished(self.decode_text)
             if r.finished:
                 finished.append(r)
         return finished

@@ -60,6 +60,12 @@ class Req:
         self.grammar_future: Any = None  # concurrent.futures.Future of the compiled grammar
         self.grammar_deadline = 0.0
         self.created = time.monotonic()
+        # Speculative decoding (``managers/speculative``): the drafter's per-request state, and the
+        # reported counters (None while speculation is off on this server): verify steps, and the
+        # tokens they produced (accepted drafts + one bonus token each).
+        self.spec_state: Any = None
+        self.spec_verify_ct: Optional[int] = None
+        self.spec_accepted_tokens = 0
 
         # What has been sent downstream.
         self.num_sent = 0

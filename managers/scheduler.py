@@ -24,6 +24,7 @@ from radixlm.managers.output_builder import build_batch_output
 from radixlm.managers.result_processor import ResultProcessor
 from radixlm.managers.schedule_batch import Req
 from radixlm.managers.schedule_policy import PrefillAdder, order_waiting
+from radixlm.managers.speculative import NgramSpeculator
 from radixlm.managers.tp_worker import TpModelWorker
 from radixlm.managers.validation import (MAX_TOP_LOGPROBS, InvalidRequestError, validate_generate_input,
                                          validate_top_logprobs_num)
@@ -69,6 +70,9 @@ class Scheduler:
                           listener=self.hicache)
         self.kv = KVManager(runner.page_pool, tree, runner.req_to_token_pool, tiers=self.hicache)
         self.results = ResultProcessor(self.kv, tokenizer, top_logprobs_cap=MAX_TOP_LOGPROBS)
+        # --speculative-algorithm NGRAM: decode steps with drafts become verify steps.
+        self.spec = (NgramSpeculator(server_args, self.kv, self.context_len, self.vocab_size)
+                     if server_args.speculative_algorithm is not None else None)
         self.waiting: list[Req] = []
         self.running: list[Req] = []
         self.chunked_req: Optional[Req] = None
@@ -96,11 +100,18 @@ class Scheduler:
             self.kv.check_idle()
             return False
         reqs, mwb = batch
-        sampling = self.results.sampling_inputs(reqs, mwb, self.vocab_size)
-        t1 = time.perf_counter()
-        out = self.worker.forward_batch_generation(mwb, *sampling)
-        t2 = time.perf_counter()
-        finished = self.results.process(reqs, mwb, out)
+        if mwb.forward_mode is ForwardMode.TARGET_VERIFY:
+            assert self.spec is not None
+            t1 = time.perf_counter()
+            out = self.worker.forward_batch_generation(mwb, None)  # logits only: targets drawn per row
+            t2 = time.perf_counter()
+            finished = self.spec.process(reqs, mwb, out, self.results.decode_text, MAX_TOP_LOGPROBS)
+        else:
+            sampling = self.results.sampling_inputs(reqs, mwb, self.vocab_size)
+            t1 = time.perf_counter()
+            out = self.worker.forward_batch_generation(mwb, *sampling)
+            t2 = time.perf_counter()
+            finished = self.results.process(reqs, mwb, out)
         self._after_batch(reqs, mwb.forward_mode, finished)
         self.timing["steps"] += 1
         self.timing["forward_s"] += t2 - t1
@@ -152,6 +163,8 @@ class Scheduler:
         # such a request ends with finish_reason length there (and says why), never with an error.
         pool_room = self.kv.total_tokens - len(msg.input_ids)
         req = Req(msg, stop_ids, max(min(max_new, pool_room), 0))
+        if self.spec is not None:
+            self.spec.on_new_request(req)
         if pool_room < max_new:
             req.length_message = self._pool_full_message()
         error = self._validate(msg)
@@ -311,12 +324,14 @@ class Scheduler:
         if not self.running:  # the last one ended: the freed pool may admit what waits
             return self._get_new_extend_batch()
         reqs = list(self.running)
-        for r in reqs:
-            r.extend_len = 1
-        slots = self.kv.alloc_decode(reqs)
-        assert slots is not None, "retraction leaves room for one token per running request"
-        mwb = ModelWorkerBatch(ForwardMode.DECODE, [r.output_ids[-1] for r in reqs], [r.req_pool_idx for r in reqs],
-                               [r.num_cached for r in reqs], [1] * len(reqs), slots)
+        mwb = self.spec.build_verify_batch(reqs) if self.spec is not None else None
+        if mwb is None:
+            for r in reqs:
+                r.extend_len = 1
+            slots = self.kv.alloc_decode(reqs)
+            assert slots is not None, "retraction leaves room for one token per running request"
+            mwb = ModelWorkerBatch(ForwardMode.DECODE, [r.output_ids[-1] for r in reqs], [r.req_pool_idx for r in reqs],
+                                   [r.num_cached for r in reqs], [1] * len(reqs), slots)
         self.new_token_ratio = max(self.min_ratio, self.new_token_ratio - (self.init_ratio - self.min_ratio) / NEW_TOKEN_RATIO_DECAY_STEPS)
         return reqs, mwb
 
@@ -411,6 +426,8 @@ class Scheduler:
 
     def internal_state(self) -> InternalState:
         kv = self.kv
+        spec = self.spec.stats if self.spec is not None else dict.fromkeys(
+            ("verify_steps", "draft_tokens", "accepted_drafts", "verify_tokens"), 0)
         return InternalState(
             max_total_num_tokens=kv.total_tokens, available_size=kv.pool.available_size,
             evictable_size=kv.tree.evictable_size(), protected_size=kv.tree.protected_size(),
@@ -421,6 +438,8 @@ class Scheduler:
             page_size=self.args.page_size, context_len=self.context_len,
             num_grammar_compiles=self.grammar_cache.num_compiles if self.grammar_cache is not None else 0,
             num_grammar_cache_hits=self.grammar_cache.num_hits if self.grammar_cache is not None else 0,
+            num_spec_verify_steps=spec["verify_steps"], num_spec_draft_tokens=spec["draft_tokens"],
+            num_spec_accepted_drafts=spec["accepted_drafts"], num_spec_verify_tokens=spec["verify_tokens"],
             attention_backend=self.worker.model_runner.attn_backend.name,
             gemm_backend=self.worker.model_runner.gemm_backend.name,
             elementwise_backend=self.worker.model_runner.elementwise_backend.name, hicache=self._hicache_state())

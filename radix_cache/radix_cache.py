@@ -127,6 +127,51 @@ class RadixCache:
         node, num_tokens = self._walk(tkey, pages)
         return MatchResult(pages, num_tokens, node)
 
+    def continuation(self, key: Sequence[int], max_tokens: int) -> list[int]:
+        """Tokens the tree holds right after the whole of ``key``: up to ``max_tokens`` of what some
+        earlier sequence continued with after this exact context (speculative drafts).
+
+        Read-only: no split, no access-time refresh, no lock. ``key`` need not be page-aligned.
+        Where the path branches, the most recently used child is followed. Returns [] when the
+        tree does not hold all of ``key`` followed by at least one more token (or is disabled).
+        """
+        if self.disable or max_tokens <= 0:
+            return []
+        node, pos, end = self.root, 0, len(key)
+        out: list[int] = []
+        while len(out) < max_tokens:
+            if pos >= end:  # the context is matched: follow the freshest path down
+                if not node.children:
+                    break
+                node = max(node.children.values(), key=lambda c: c.last_access)
+                out.extend(node.key[: max_tokens - len(out)])
+                continue
+            rest = key[pos:]
+            child = self._continuation_child(node, rest)
+            if child is None:
+                return []
+            ckey = child.key
+            n = min(len(ckey), len(rest))
+            if tuple(rest[:n]) != ckey[:n]:
+                return []
+            if n < len(ckey):  # the context ends inside this node
+                out.extend(ckey[n : n + max_tokens])
+                node, pos = child, end
+                continue
+            node, pos = child, pos + n
+        return out[:max_tokens]
+
+    def _continuation_child(self, node: TreeNode, rest: Sequence[int]) -> TreeNode | None:
+        """The child whose key could start with ``rest`` (a shorter-than-a-page ``rest`` may
+        begin several children: the most recently used one)."""
+        if self.page_size == 1:
+            return node.children.get(rest[0])
+        if len(rest) >= self.page_size:
+            return node.children.get(tuple(rest[: self.page_size]))
+        head = tuple(rest)
+        fits = [c for k, c in node.children.items() if k[: len(head)] == head]  # type: ignore[index]
+        return max(fits, key=lambda c: c.last_access) if fits else None
+
     def insert(self, key: Sequence[int], pages: Sequence[int]) -> int:
         """Cache ``pages`` for ``key`` (one page per ``page_size`` tokens).
 

@@ -19,6 +19,9 @@ if TYPE_CHECKING:
 class ForwardMode(enum.Enum):
     EXTEND = 1  # forward over tokens not yet cached (prefill, or a prefill chunk), after a cached prefix
     DECODE = 2  # one new token per request
+    # Speculative verify: an extend of the last token + drafted tokens per request (1 + k, k >= 0),
+    # with logits at every new position (attention treats it as an extend over the cached prefix).
+    TARGET_VERIFY = 3
 
 
 @dataclass
@@ -60,6 +63,11 @@ class ModelWorkerBatch:
     def _compute_logits_layout(self) -> tuple[list[int], list[int]]:
         if self.forward_mode is ForwardMode.DECODE:
             return list(range(self.batch_size)), list(range(self.batch_size + 1))
+        if self.forward_mode is ForwardMode.TARGET_VERIFY:  # every new position of every request
+            offsets = [0]
+            for ext in self.extend_lens:
+                offsets.append(offsets[-1] + ext)
+            return list(range(offsets[-1])), offsets
         rows: list[int] = []
         offsets = [0]
         start = 0

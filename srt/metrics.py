@@ -16,6 +16,12 @@ Series (units in the names):
   start), ``radixlm:hicache_host_used_tokens``, ``radixlm:hicache_host_capacity_tokens``,
   ``radixlm:hicache_storage_bytes``, ``radixlm:hicache_storage_files``, ``radixlm:hicache_storage_bad_files``
   (invalid page files skipped since start);
+- speculative decoding (``--speculative-algorithm``; 0 while off), counters advanced from the scheduler's
+  totals at scrape time: ``radixlm:spec_verify_steps_total`` (request-steps that verified a draft),
+  ``radixlm:spec_draft_tokens_total``, ``radixlm:spec_accepted_tokens_total`` (drafted tokens accepted),
+  ``radixlm:spec_verify_output_tokens_total`` (output tokens of verify steps: accepted + bonus); gauges
+  ``radixlm:spec_accept_length`` (output tokens per verify step since start) and ``radixlm:spec_accept_rate``
+  (accepted / drafted tokens);
 - histograms: ``radixlm:time_to_first_token_seconds`` and ``radixlm:inter_token_latency_seconds``
   (streaming requests), ``radixlm:e2e_request_latency_seconds``.
 """
@@ -71,6 +77,15 @@ class ServerMetrics:
         self.storage_bytes = gauge("hicache_storage_bytes", "Bytes of page files in the storage tier")
         self.storage_files = gauge("hicache_storage_files", "Page files in the storage tier")
         self.storage_bad = gauge("hicache_storage_bad_files", "Invalid page files skipped (and deleted) since start")
+        self.spec_verify_steps = counter("spec_verify_steps", "Request-steps that verified a speculative draft")
+        self.spec_draft_tokens = counter("spec_draft_tokens", "Speculative tokens drafted")
+        self.spec_accepted_tokens = counter("spec_accepted_tokens", "Speculative tokens drafted and accepted")
+        self.spec_verify_output_tokens = counter("spec_verify_output_tokens",
+                                                 "Output tokens of verify steps (accepted drafts + bonus tokens)")
+        self.spec_accept_length = gauge("spec_accept_length", "Output tokens per verify step since start")
+        self.spec_accept_rate = gauge("spec_accept_rate", "Accepted / drafted speculative tokens since start")
+        # The scheduler's totals at the previous scrape (its counters only grow).
+        self._spec_seen = (0, 0, 0, 0)
         self.ttft = histogram("time_to_first_token_seconds", "Time to first token (streaming requests)")
         self.itl = histogram("inter_token_latency_seconds", "Time between streamed outputs, per token")
         self.e2e = histogram("e2e_request_latency_seconds", "Arrival to finish")
@@ -115,6 +130,19 @@ class ServerMetrics:
         self.storage_bytes.set(h.get("storage_bytes", 0))
         self.storage_files.set(h.get("storage_files", 0))
         self.storage_bad.set(h.get("storage_skipped_bad", 0))
+        self._set_spec(state)
+
+    def _set_spec(self, state: InternalState) -> None:
+        now = (state.num_spec_verify_steps, state.num_spec_draft_tokens, state.num_spec_accepted_drafts,
+               state.num_spec_verify_tokens)
+        for c, new, old in zip((self.spec_verify_steps, self.spec_draft_tokens, self.spec_accepted_tokens,
+                                self.spec_verify_output_tokens), now, self._spec_seen):
+            if new > old:
+                c.inc(new - old)
+        self._spec_seen = tuple(max(a, b) for a, b in zip(now, self._spec_seen))  # type: ignore[assignment]
+        steps, drafted, accepted, emitted = now
+        self.spec_accept_length.set(emitted / steps if steps else 0.0)
+        self.spec_accept_rate.set(accepted / drafted if drafted else 0.0)
 
     def render(self) -> bytes:
         """The registry in Prometheus text exposition format."""

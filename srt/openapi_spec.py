@@ -162,7 +162,10 @@ def _native_schemas() -> dict:
                            **{k: {"type": "integer", "minimum": 0} for k in
                               ("prompt_tokens", "completion_tokens", "cached_tokens", "total_retractions")},
                            "cached_tokens_details": {"type": "object", "additionalProperties": {"type": "integer",
-                                                                                               "minimum": 0}}}}
+                                                                                               "minimum": 0}},
+                           # only with --speculative-algorithm
+                           "spec_verify_ct": {"type": "integer", "minimum": 0},
+                           "spec_accept_length": {"type": "number", "minimum": 0}}}
     response = {"type": "object", "required": ["text", "output_ids", "meta_info"],
                 "properties": {"text": {"type": "string"}, "output_ids": {"type": "array", "items": {"type": "integer"}},
                                "meta_info": meta, "index": {"type": "integer"}}}

@@ -24,6 +24,7 @@ DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 HICACHE_WRITE_POLICIES = ("write_through", "write_back")
 HICACHE_STORAGE_BACKENDS = ("file",)
+SPECULATIVE_ALGORITHMS = ("NGRAM",)
 
 
 class ServerArgsError(ValueError):
@@ -102,6 +103,15 @@ class ServerArgs:
     request_timeout: Optional[float] = field(default=None, metadata={"help": "seconds any request may take (from its arrival) before it is aborted, keeping its partial output; a request's own 'timeout' field can only lower it (default: no limit)"})
     grammar_any_whitespace: bool = field(default=False, metadata={"help": "let JSON grammars emit any whitespace (default: compact separators, so output cannot run away in whitespace)"})
     stream_interval: int = field(default=1, metadata={"help": "streamed requests get their new tokens every N decode steps (the first token at once): larger values cut the per-token work of the HTTP and detokenizer processes, smaller ones stream more smoothly; a request's sampling_params.stream_interval overrides it"})
+    speculative_algorithm: Optional[str] = field(default=None, metadata={"help": (
+        "speculative decoding: NGRAM drafts from the request's own prompt and output and from continuations in "
+        "the radix cache, verified in one forward (default: off)")})
+    speculative_num_draft_tokens: int = field(default=8, metadata={"help": (
+        "tokens per request in one verify forward: the last token plus up to N-1 drafted ones")})
+    speculative_ngram_min_match_window_size: int = field(default=1, metadata={"help": (
+        "shortest suffix of the sequence (tokens) matched against earlier text to draft from")})
+    speculative_ngram_max_match_window_size: int = field(default=12, metadata={"help": (
+        "longest suffix (tokens) matched; longer matches are tried first")})
     disable_cuda_graph: bool = field(default=False, metadata={"help": "run decode eagerly on CUDA"})
     random_seed: int = field(default=0, metadata={"help": "seed of unseeded sampling"})
     cache_dir: Optional[str] = field(default=None, metadata={"help": "where converted GGUF weights are cached"})
@@ -155,6 +165,15 @@ class ServerArgs:
             raise ServerArgsError("--stream-interval must be >= 1")
         if self.grammar_compile_timeout <= 0:
             raise ServerArgsError("--grammar-compile-timeout must be > 0")
+        if self.speculative_algorithm is not None and self.speculative_algorithm.upper() not in SPECULATIVE_ALGORITHMS:
+            raise ServerArgsError(f"--speculative-algorithm must be one of {', '.join(SPECULATIVE_ALGORITHMS)}, "
+                                  f"got {self.speculative_algorithm!r}")
+        if self.speculative_num_draft_tokens < 2:
+            raise ServerArgsError(f"--speculative-num-draft-tokens must be >= 2, got {self.speculative_num_draft_tokens}")
+        lo, hi = self.speculative_ngram_min_match_window_size, self.speculative_ngram_max_match_window_size
+        if not 1 <= lo <= hi:
+            raise ServerArgsError("--speculative-ngram-min-match-window-size must be >= 1 and <= "
+                                  f"--speculative-ngram-max-match-window-size, got {lo} and {hi}")
         if not 1 <= self.port <= 65535:
             raise ServerArgsError(f"--port must be in 1..65535, got {self.port}")
 

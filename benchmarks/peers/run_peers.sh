@@ -10,10 +10,11 @@
 #       # with BENCH_TARGETS = the bench_serving flags of the started targets (shell-quoted; what
 #       # run_suite.py reads to run several workloads against the same servers)
 #
-# Targets (labels): radixlm, radixlm-nocache (--disable-radix-cache), vllm, llama-server, hf-serve
+# Targets (labels): radixlm, radixlm-nocache (--disable-radix-cache), radixlm-ngram
+# (--speculative-algorithm NGRAM), vllm, llama-server, hf-serve
 # (`transformers serve --continuous-batching`), hf-static (transformers static-batch generate, run
 # inside bench_serving: no server). PEERS picks them (space-separated labels); the default is
-# "radixlm vllm llama-server", plus radixlm-nocache with NO_CACHE=1, hf-static with HF_STATIC=1 and
+# "radixlm radixlm-ngram vllm llama-server", plus radixlm-nocache with NO_CACHE=1, hf-static with HF_STATIC=1 and
 # hf-serve with HF_SERVE=1.
 #
 # Environment: MODEL_DIR (default: radixlm's SmolLM2 folder; vLLM refuses stories260K), THREADS (2),
@@ -35,7 +36,7 @@ DEFAULT_MODEL="$("$PY" -c 'from radixlm.srt.model_loader import resolve_model_pa
 MODEL_DIR="${MODEL_DIR:-$DEFAULT_MODEL}"
 export OMP_NUM_THREADS="$THREADS"
 if [ -z "${PEERS:-}" ]; then
-    PEERS="radixlm vllm llama-server"
+    PEERS="radixlm radixlm-ngram vllm llama-server"
     [ "${NO_CACHE:-0}" = 1 ] && PEERS="$PEERS radixlm-nocache"
     [ "${HF_STATIC:-0}" = 1 ] && PEERS="$PEERS hf-static"
     [ "${HF_SERVE:-0}" = 1 ] && PEERS="$PEERS hf-serve"
@@ -88,6 +89,11 @@ if want radixlm-nocache; then
     port=$(free_port)
     start radixlm-nocache radixlm "$port" "$PY" -m radixlm.srt.launch_server --model-path "$MODEL_DIR" \
         --port "$port" --disable-radix-cache "${RADIXLM_EXTRA[@]}"
+fi
+if want radixlm-ngram; then
+    port=$(free_port)
+    start radixlm-ngram radixlm "$port" "$PY" -m radixlm.srt.launch_server --model-path "$MODEL_DIR" \
+        --port "$port" --speculative-algorithm NGRAM "${RADIXLM_EXTRA[@]}"
 fi
 
 VLLM_PY="$PEERS_DIR/vllm-venv/bin/python"

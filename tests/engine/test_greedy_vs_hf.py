@@ -55,6 +55,11 @@ VARIANTS = {
     "attn_torch_native": {"attention_backend": "torch_native"},
     "elementwise_torch_native": {"elementwise_backend": "torch_native"},  # auto on CPU: fused C++ ops
     "attn_torch_native_page16_chunk8": {"attention_backend": "torch_native", "page_size": 16, "chunked_prefill_size": 8},
+    # n-gram speculative decoding: the second pass drafts whole continuations from the radix tree.
+    "ngram": {"speculative_algorithm": "NGRAM"},
+    "ngram_page16_chunk8": {"speculative_algorithm": "NGRAM", "page_size": 16, "chunked_prefill_size": 8},
+    "ngram_no_radix": {"speculative_algorithm": "NGRAM", "disable_radix_cache": True},
+    "ngram_attn_torch_native_page16": {"speculative_algorithm": "NGRAM", "attention_backend": "torch_native", "page_size": 16},
 }
 
 
@@ -73,6 +78,9 @@ def test_batch_equals_hf(stories_path, prompts_ids, expected, variant):
     else:
         ps = VARIANTS[variant].get("page_size", 1)
         assert cached == [(len(p) - 1) // ps * ps for p in prompts_ids]
+    if VARIANTS[variant].get("speculative_algorithm"):
+        metas = [o["meta_info"] for o in again]
+        assert sum(m["spec_verify_ct"] for m in metas) > 0 and max(m["spec_accept_length"] for m in metas) > 1
     assert_clean(engine)
 
 
@@ -84,10 +92,13 @@ def test_one_at_a_time_equals_hf(stories_path, prompts_ids, expected, page_size)
     assert_clean(engine)
 
 
-@pytest.mark.parametrize("page_size,chunk", [(1, 16), (4, -1), (16, 32)])
-def test_retraction_keeps_tokens_exact(stories_path, prompts_ids, expected, page_size, chunk):
-    # 18 prompts of 2..40 tokens + 24 new tokens each need ~800 slots; 320 forces retraction.
-    engine = Engine(stories_path, max_total_tokens=320, page_size=page_size, chunked_prefill_size=chunk)
+@pytest.mark.parametrize("page_size,chunk,spec,pool", [(1, 16, None, 320), (4, -1, None, 320), (16, 32, None, 320),
+                                                      (1, 16, "NGRAM", 200), (16, 32, "NGRAM", 200)])
+def test_retraction_keeps_tokens_exact(stories_path, prompts_ids, expected, page_size, chunk, spec, pool):
+    # 18 prompts of 2..40 tokens + 24 new tokens each need ~800 slots; 320 forces retraction (200
+    # with speculation, whose requests finish in fewer steps and hold their pages for less long).
+    engine = Engine(stories_path, max_total_tokens=pool, page_size=page_size, chunked_prefill_size=chunk,
+                    speculative_algorithm=spec)
     outs = engine.generate(input_ids=prompts_ids, sampling_params=SP)
     assert [o["output_ids"] for o in outs] == expected
     state = engine.scheduler.internal_state()
