@@ -237,6 +237,7 @@ def sample_tool_calls(tok: Any, num_prompts: int, output_len: int, seed: int = 0
         out.append(BenchRequest(prompt=f"{TOOL_SYSTEM}\n{user}", prompt_len=tm.count(TOOL_SYSTEM) + tm.count(user),
                                 output_len=output_len, user=user, system=TOOL_SYSTEM, ignore_eos=False,
                                 tools=TOOLS))
+    return out
 
 
 _PEOPLE = ["Ana", "Ben", "Chen", "Dara", "Eli", "Farah", "Goran", "Hana", "Ivo", "Jun", "Kemal", "Lea"]

@@ -111,6 +111,7 @@ def tool_calls_table(payload: dict) -> list[str]:
         lines.append(f"| {t['label']} | {t.get('tool_choice', '')} | {fmt(m['median_ttft_ms'])} "
                      f"| {fmt(ratio('median_ttft_ms'))} | {fmt(m['mean_tpot_ms'])} | {fmt(ratio('mean_tpot_ms'))} "
                      f"| {fmt(m['output_throughput'])} | {fmt(m.get('tool_call_rate'))} |")
+    return lines
 
 
 def speculative_table(payload: dict) -> list[str]:
