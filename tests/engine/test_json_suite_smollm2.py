@@ -129,7 +129,8 @@ def one_thread() -> Iterator[None]:
     torch.set_num_threads(before)
 
 
-@pytest.fixture(scope="module", params=["xgrammar", "outlines"])
+# outlines on the demo model takes ~50 s (slow); tests/constrained covers outlines in the default suite
+@pytest.fixture(scope="module", params=["xgrammar", pytest.param("outlines", marks=pytest.mark.slow)])
 def engine(request, one_thread) -> Engine:
     try:
         path = resolve_model_path(None)

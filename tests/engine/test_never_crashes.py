@@ -72,7 +72,8 @@ def _solo(engine: Engine, ids: list[int], max_new: int, cache: dict) -> list[int
     return cache[key]
 
 
-@pytest.mark.parametrize("seed", range(2))
+# seed 1 doubles the schedules explored; slow (~50 s) so the default suite keeps one seed per layout
+@pytest.mark.parametrize("seed", [0, pytest.param(1, marks=pytest.mark.slow)])
 def test_random_schedules_never_crash(engine, seed):
     rng = random.Random(seed)
     sched = engine.scheduler
