@@ -14,9 +14,14 @@ page by page through the host index, then through storage, copies what it found 
 allocated device pages (evicting others if needed), inserts them into the tree and moves the
 request's lock onto the longer match. The request's extend then starts after them.
 
-Loads run synchronously at admission inside the scheduler step. On CPU a page copy is a memcpy
-(docs/benchmarks.md compares it with recomputing the prefix); a CUDA path would issue the same
-copies on a side stream from the pinned host buffer and let the request wait for its event.
+Storage reads run in the background (``srt.kv_prefetch``): ``sync_prefetch`` queues a read for each
+new waiting request whose prompt continues in storage, ``held`` tells the scheduler which of them
+``--hicache-storage-prefetch-policy`` still holds back (other requests keep running meanwhile), and
+``load_back`` takes the pages read so far. The host -> device copies run at admission inside the
+scheduler step: on CPU a page copy is a memcpy (docs/benchmarks.md compares it with recomputing the
+prefix); a CUDA path would issue the same copies on a side stream from the pinned host buffer and let
+the request wait for its event. With several TP ranks every decision that depends on timing (is a
+read done?) is agreed by an all-reduce, so all ranks admit the same requests.
 """
 
 from __future__ import annotations
@@ -30,13 +35,15 @@ from typing import TYPE_CHECKING, Optional
 import torch
 
 from radixlm.radix_cache import HostTierIndex, MatchResult, PagePool, RadixCache, page_digests
-from radixlm.srt.distributed import all_reduce_min
+from radixlm.srt.distributed import all_reduce_min, all_reduce_min_list
 from radixlm.srt.kv_host_pool import HostKVPool
+from radixlm.srt.kv_prefetch import PrefetchTask, StoragePrefetcher
 from radixlm.srt.kv_storage import BackgroundWriter, FileKVStorage, kv_fingerprint
 from radixlm.srt.server_args import ServerArgs
 
 if TYPE_CHECKING:
     from radixlm.managers.kv_manager import KVManager
+    from radixlm.managers.schedule_batch import Req
     from radixlm.srt.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
@@ -90,6 +97,10 @@ class HiCacheController:
                                          self.host_pool.page_bytes, int(args.hicache_storage_max_gb * 2**30))
             if not self.write_through:
                 self.writer = BackgroundWriter(self.storage)
+        self.prefetch_policy = args.prefetch_policy()
+        # Staged pages in flight are capped at the host pool's size (memory of the same order).
+        self.prefetcher = StoragePrefetcher(self.storage, num_host_pages) if self.storage is not None else None
+        self._prefetch: dict[str, Optional[PrefetchTask]] = {}  # rid of a waiting request -> its read
         self._loading = False  # inserting loaded pages: they are already on host/storage
         self.counters = {"host_saved_pages": 0, "storage_written_pages": 0, "loaded_host_pages": 0,
                          "loaded_storage_pages": 0}
@@ -145,11 +156,74 @@ class HiCacheController:
                 self.writer.submit(d, payload)
         self.counters["storage_written_pages"] += len(missing)
 
+    # ---- background storage reads -------------------------------------------------------------------
+    def sync_prefetch(self, kv: "KVManager", waiting: list["Req"]) -> None:
+        """Start a storage read for each new fresh request of ``waiting``; drop the reads of requests
+        that left the queue without being admitted (aborted). Cheap when nothing is in storage: one
+        tree match and one file-existence check per new request."""
+        if self.prefetcher is None:
+            return
+        live = {r.rid for r in waiting}
+        for rid in [rid for rid in self._prefetch if rid not in live]:
+            self._drop(rid)
+        for r in waiting:
+            if r.rid not in self._prefetch and r.req_pool_idx is None and r.num_retractions == 0:
+                self._prefetch[r.rid] = self._start_read(kv, r)
+
+    def _start_read(self, kv: "KVManager", req: "Req") -> Optional[PrefetchTask]:
+        assert self.prefetcher is not None and self.storage is not None
+        ps = self.page_size
+        key = req.fill_ids[:req.match_limit()]
+        n_pages = len(key) // ps
+        if n_pages == 0 or kv.tree.disable:
+            return None
+        digests = page_digests(key[:n_pages * ps], ps)
+        i = kv.tree.match_prefix(key).num_tokens // ps
+        while i < n_pages and digests[i] in self.host_index:
+            i += 1
+        if i >= n_pages or not self.storage.contains(digests[i]):
+            return None
+        return self.prefetcher.submit(i, digests[i:], self.prefetch_policy.deadline(time.monotonic(), len(key)))
+
+    def _drop(self, rid: str) -> Optional[PrefetchTask]:
+        task = self._prefetch.pop(rid, None)
+        if task is not None:
+            assert self.prefetcher is not None
+            self.prefetcher.release(task)
+        return task
+
+    def held(self, reqs: list["Req"]) -> set[str]:
+        """rids of ``reqs`` that the prefetch policy holds back this step (agreed over TP ranks).
+        Rank-independent cost: with a storage tier and several ranks, one all-reduce per call."""
+        if self.prefetcher is None or not reqs:
+            return set()
+        t = time.monotonic()
+        flags = []
+        for r in reqs:
+            task = self._prefetch.get(r.rid)
+            flags.append(int(task is None or self.prefetch_policy.ready(task, t)))
+        flags = all_reduce_min_list(self.tp, flags)
+        return {r.rid for r, ok in zip(reqs, flags) if not ok}
+
+    def wait_prefetch(self, rids: set[str], timeout_s: float) -> None:
+        """Block up to ``timeout_s`` on one of the held reads (the scheduler has nothing else to run)."""
+        for rid in rids:
+            task = self._prefetch.get(rid)
+            if task is not None:
+                task.done.wait(timeout_s)
+                return
+
     # ---- load back ----------------------------------------------------------------------------------
-    def load_back(self, kv: "KVManager", key: list[int], m: MatchResult) -> tuple[MatchResult, dict[str, int]]:
+    def load_back(self, kv: "KVManager", key: list[int], m: MatchResult,
+                  rid: Optional[str] = None) -> tuple[MatchResult, dict[str, int]]:
         """Extend the device match ``m`` of ``key`` (whose ``last_node`` the caller has locked) with
         pages from the host pool, then storage; returns the new match (locked instead of ``m``) and
-        the tokens per tier: ``{"device", "host"[, "storage"]}``."""
+        the tokens per tier: ``{"device", "host"[, "storage"]}``.
+
+        Storage pages come from request ``rid``'s background read when it had one (only the pages
+        read so far: the rest is recomputed), else they are read here."""
+        task = self._drop(rid) if rid is not None else None
+        staged = task.staged() if task is not None else None
         ps = self.page_size
         n_pages = len(key) // ps
         dev_pages = m.num_tokens // ps
@@ -174,7 +248,12 @@ class HiCacheController:
         from_storage = 0
         if self.storage is not None:
             while i < n_pages and len(host_pages) + from_storage < room:
-                payload = self.storage.get(digests[i])
+                if staged is None:
+                    payload = self.storage.get(digests[i])
+                else:
+                    j = i - task.start  # type: ignore[union-attr]
+                    ok = 0 <= j < len(staged) and task.digests[j] == digests[i]  # type: ignore[union-attr]
+                    payload = staged[j] if ok else None
                 if payload is None:
                     break
                 parts.append(self.host_pool.page_from_payload(payload)[None])
@@ -238,6 +317,10 @@ class HiCacheController:
             raise RuntimeError(str(e)) from None
         if self._loading:
             raise RuntimeError("hicache: a load is still marked in progress while idle")
+        if self._prefetch:
+            raise RuntimeError(f"hicache: storage reads of {len(self._prefetch)} request(s) still tracked while idle")
+        if self.prefetcher is not None and self.prefetcher.reserved_pages:
+            raise RuntimeError(f"hicache: {self.prefetcher.reserved_pages} prefetch page(s) still reserved while idle")
 
     def state(self) -> dict[str, float]:
         """Counters for ``InternalState.hicache`` (tokens unless named otherwise)."""
@@ -256,12 +339,20 @@ class HiCacheController:
             out.update(storage_bytes=self.storage.size_bytes(), storage_files=self.storage.num_files(),
                        storage_written_tokens=self.counters["storage_written_pages"] * ps,
                        storage_hits=st["hits"], storage_skipped_bad=st["skipped_bad"], storage_evicted=st["evicted"])
+            if self.prefetcher is not None:
+                ps_ = self.prefetcher.stats
+                out.update(prefetch_tasks=ps_["tasks"], prefetch_read_tokens=ps_["pages_read"] * ps,
+                           prefetch_skipped_full=ps_["skipped_full"])
         return out
 
     def close(self, tree: "RadixCache") -> None:
         """At shutdown: with ``write_back``, write the pages still only on device (never evicted, such
         as a hot system prompt) to storage, so a restart finds them; finish queued writes and stop the
         writer thread."""
+        if self.prefetcher is not None:
+            for rid in list(self._prefetch):
+                self._drop(rid)
+            self.prefetcher.close()
         if self.writer is None:
             return
         stack = list(tree.root.children.values())

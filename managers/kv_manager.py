@@ -63,7 +63,7 @@ class KVManager:
         m = self.tree.match_prefix(key)
         self.tree.lock(m.last_node)
         if self.tiers is not None:  # continue the match in host memory and storage, loading pages back
-            m, req.match_tiers = self.tiers.load_back(self, key, m)
+            m, req.match_tiers = self.tiers.load_back(self, key, m, req.rid)
         req.last_node = m.last_node
         req.num_cached = req.cache_protected_len = m.num_tokens
         if m.num_tokens:

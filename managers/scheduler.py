@@ -37,6 +37,7 @@ logger = logging.getLogger(__name__)
 INIT_NEW_TOKEN_RATIO = 0.7
 MIN_NEW_TOKEN_RATIO_FACTOR = 0.14
 NEW_TOKEN_RATIO_DECAY_STEPS = 600
+_PREFETCH_WAIT_S = 0.005  # idle wait on a background storage read before the next step
 RETRACT_DECODE_STEPS = 20  # after a retraction, reserve this many decode tokens per running request
 
 
@@ -74,6 +75,7 @@ class Scheduler:
         self.spec = (NgramSpeculator(server_args, self.kv, self.context_len, self.vocab_size)
                      if server_args.speculative_algorithm is not None else None)
         self.waiting: list[Req] = []
+        self.prefetch_held: set[str] = set()  # rids held back by --hicache-storage-prefetch-policy this step
         self.running: list[Req] = []
         self.chunked_req: Optional[Req] = None
         self.init_ratio = min(1.0, INIT_NEW_TOKEN_RATIO * server_args.schedule_conservativeness)
@@ -91,6 +93,10 @@ class Scheduler:
         self._poll_grammar_queue()
         batch = self._get_new_extend_batch() or self._get_decode_batch()
         if batch is None:
+            if self.prefetch_held:  # waiting for storage reads, nothing else to run
+                assert self.hicache is not None
+                self.hicache.wait_prefetch(self.prefetch_held, _PREFETCH_WAIT_S)
+                return True
             if self.waiting or self.chunked_req is not None:
                 self._abort_unschedulable()
                 return True
@@ -270,6 +276,9 @@ class Scheduler:
 
     # ---- batches ----------------------------------------------------------------------------
     def _get_new_extend_batch(self) -> Optional[tuple[list[Req], ModelWorkerBatch]]:
+        self.prefetch_held = set()
+        if self.hicache is not None:
+            self.hicache.sync_prefetch(self.kv, self.waiting)
         if not self.waiting and self.chunked_req is None:
             return None
         args = self.args
@@ -277,7 +286,11 @@ class Scheduler:
         adder = PrefillAdder(self.kv, self.new_token_ratio, args.max_prefill_tokens, chunk)
         adder.reserve_running(self.running)
         candidates = ([self.chunked_req] if self.chunked_req else []) + order_waiting(self.waiting, args.schedule_policy, self.kv)
+        if self.hicache is not None:  # requests whose prefix is still being read from storage wait
+            self.prefetch_held = self.hicache.held([r for r in candidates if r.req_pool_idx is None])
         for req in candidates:
+            if req.rid in self.prefetch_held:
+                continue
             if len(self.running) + len(adder.admitted) >= args.max_running_requests or adder.new_chunked_req:
                 break
             fresh = req.req_pool_idx is None

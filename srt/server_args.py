@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 from dataclasses import dataclass, field
 from typing import Any, Optional, get_type_hints
 
@@ -88,6 +89,13 @@ class ServerArgs:
         "folder of the file storage tier (default: $RADIXLM_CACHE_DIR/hicache or ~/.cache/radixlm/hicache)")})
     hicache_storage_max_gb: float = field(default=8.0, metadata={"help": (
         "size cap of the file storage tier in GiB, per model layout; least recently used pages are deleted beyond it")})
+    hicache_storage_prefetch_policy: str = field(default="timeout", metadata={"help": (
+        "when a request whose prefix is being read from storage in the background may start: best_effort "
+        "(at once, with the pages read so far), wait_complete (when the read ends), timeout (when it ends or "
+        "after min(max, base + per_ki_token * prompt tokens / 1024) s; SGLang's default)")})
+    hicache_storage_backend_extra_config: Optional[str] = field(default=None, metadata={"help": (
+        "JSON object for the storage tier: prefetch_timeout_base (s, default 2.0), prefetch_timeout_per_ki_token "
+        "(s, 0.1), prefetch_timeout_max (s, 30.0)")})
     attention_backend: str = field(default="auto", metadata={"help": (
         "auto|torch_native|cpu|flashinfer; auto = cpu on CPU (one C++ kernel call per layer, cascade over shared "
         "prefixes, compiled on first use; torch_native when no compiler), flashinfer on CUDA when installed, "
@@ -178,6 +186,7 @@ class ServerArgs:
             raise ServerArgsError(f"--port must be in 1..65535, got {self.port}")
 
     def _validate_hicache(self) -> None:
+        self.prefetch_policy()  # raises on a bad policy or extra config
         if not self.enable_hierarchical_cache:
             if self.hicache_storage_backend is not None:
                 raise ServerArgsError("--hicache-storage-backend needs --enable-hierarchical-cache")
@@ -188,6 +197,41 @@ class ServerArgs:
             raise ServerArgsError(f"--hicache-ratio must be > 0, got {self.hicache_ratio}")
         if not 0 < self.hicache_storage_max_gb < float("inf"):
             raise ServerArgsError(f"--hicache-storage-max-gb must be > 0, got {self.hicache_storage_max_gb}")
+
+    def prefetch_policy(self) -> "PrefetchPolicy":
+        """The storage prefetch policy from ``--hicache-storage-prefetch-policy`` and
+        ``--hicache-storage-backend-extra-config``.
+
+        Raises:
+            ServerArgsError: an unknown policy, malformed JSON, an unknown key or a negative time.
+        """
+        from radixlm.srt.kv_prefetch import PREFETCH_POLICIES, PrefetchPolicy
+
+        name = self.hicache_storage_prefetch_policy
+        if name not in PREFETCH_POLICIES:
+            raise ServerArgsError(f"--hicache-storage-prefetch-policy must be one of {', '.join(PREFETCH_POLICIES)}, "
+                                  f"got {name!r}")
+        extra: dict[str, Any] = {}
+        if self.hicache_storage_backend_extra_config:
+            try:
+                extra = json.loads(self.hicache_storage_backend_extra_config)
+            except ValueError as e:
+                raise ServerArgsError(f"--hicache-storage-backend-extra-config is not JSON: {e}") from None
+            if not isinstance(extra, dict):
+                raise ServerArgsError("--hicache-storage-backend-extra-config must be a JSON object")
+        keys = {"prefetch_timeout_base": "timeout_base", "prefetch_timeout_per_ki_token": "timeout_per_ki_token",
+                "prefetch_timeout_max": "timeout_max"}
+        unknown = sorted(set(extra) - set(keys))
+        if unknown:
+            raise ServerArgsError(f"--hicache-storage-backend-extra-config: unknown key(s) {', '.join(unknown)}; "
+                                  f"expected {', '.join(keys)}")
+        values: dict[str, float] = {}
+        for k, v in extra.items():
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < float("inf"):
+                raise ServerArgsError(f"--hicache-storage-backend-extra-config: {k} must be a number of seconds >= 0, "
+                                      f"got {v!r}")
+            values[keys[k]] = float(v)
+        return PrefetchPolicy(name, **values)
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> "ServerArgs":
