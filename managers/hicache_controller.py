@@ -49,6 +49,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 STORAGE_FORMAT = 1
+STORAGE_MIN_PAGE_SIZE = 16  # below this, the file tier is mostly file-system overhead (SGLang suggests 64)
 
 
 def default_storage_dir() -> str:
@@ -105,6 +106,10 @@ class HiCacheController:
         self.counters = {"host_saved_pages": 0, "storage_written_pages": 0, "loaded_host_pages": 0,
                          "loaded_storage_pages": 0}
         self.timing = {"save_s": 0.0, "load_s": 0.0}
+        if self.storage is not None and args.page_size < STORAGE_MIN_PAGE_SIZE:
+            logger.warning("hierarchical cache: --page-size %d writes one storage file per %d token(s) (%d KiB each); "
+                           "use --page-size %d or more for fewer, larger files", args.page_size, args.page_size,
+                           self.host_pool.page_bytes // 1024, STORAGE_MIN_PAGE_SIZE)
         logger.info("hierarchical cache: host pool of %d pages (%.1f MiB, %s), storage %s", num_host_pages,
                     num_host_pages * self.host_pool.page_bytes / 2**20, args.hicache_write_policy,
                     self.storage.dir if self.storage else "off")
