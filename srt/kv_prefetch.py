@@ -20,15 +20,11 @@ as without prefetch). Bytes only: no torch here.
 
 from __future__ import annotations
 
-import logging
-import queue
 import threading
 from dataclasses import dataclass, field
 from typing import Optional
 
-from radixlm.srt.kv_storage import FileKVStorage
-
-logger = logging.getLogger(__name__)
+from radixlm.srt.kv_storage import FileKVStorage, QueueThread
 
 PREFETCH_POLICIES = ("best_effort", "wait_complete", "timeout")
 
@@ -85,10 +81,8 @@ class StoragePrefetcher:
         self.storage = storage
         self.max_pages = max_pages
         self._reserved = 0
-        self._queue: queue.Queue[Optional[PrefetchTask]] = queue.Queue()
-        self._thread = threading.Thread(target=self._loop, name="hicache-prefetch", daemon=True)
-        self._thread.start()
         self.stats = {"tasks": 0, "pages_read": 0, "skipped_full": 0}
+        self._thread = QueueThread("hicache-prefetch", self._read, "prefetch")
 
     @property
     def reserved_pages(self) -> int:
@@ -104,7 +98,7 @@ class StoragePrefetcher:
         self._reserved += len(digests)
         task = PrefetchTask(start, digests, deadline)
         self.stats["tasks"] += 1
-        self._queue.put(task)
+        self._thread.put(task)
         return task
 
     def release(self, task: PrefetchTask) -> None:
@@ -113,25 +107,17 @@ class StoragePrefetcher:
         self._reserved -= len(task.digests)
 
     def close(self) -> None:
-        if self._thread.is_alive():
-            self._queue.put(None)
-            self._thread.join()
+        self._thread.close()
 
-    def _loop(self) -> None:
-        while True:
-            task = self._queue.get()
-            if task is None:
-                return
-            try:
-                for d in task.digests:
-                    if task.cancelled:
-                        break
-                    payload = self.storage.get(d)
-                    if payload is None:
-                        break
-                    task.payloads.append(payload)
-                    self.stats["pages_read"] += 1
-            except Exception:  # a failed read must not kill the thread: the pages are recomputed
-                logger.exception("hicache storage: prefetch failed")
-            finally:
-                task.done.set()
+    def _read(self, task: PrefetchTask) -> None:
+        try:
+            for d in task.digests:
+                if task.cancelled:
+                    break
+                payload = self.storage.get(d)
+                if payload is None:
+                    break
+                task.payloads.append(payload)
+                self.stats["pages_read"] += 1
+        finally:  # a failed read is logged by the thread: the pages are recomputed
+            task.done.set()

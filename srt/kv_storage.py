@@ -30,7 +30,7 @@ import queue
 import struct
 import threading
 from collections import OrderedDict
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 logger = logging.getLogger(__name__)
 
@@ -259,36 +259,58 @@ class FileKVStorage:
         self._bytes = sum(size for _, _, size in found)
 
 
-class BackgroundWriter:
-    """One thread that writes queued pages (``--hicache-write-policy write_back``): the scheduler
-    hands over bytes and goes on; ``drain`` waits until everything queued is on disk."""
+class QueueThread:
+    """One daemon thread that hands queued items to ``handle`` in order; an exception is logged with
+    ``what`` and the thread goes on (these tiers are only a cache). ``join`` waits until every queued
+    item is handled; ``close`` handles what is queued, then stops the thread."""
 
-    def __init__(self, storage: FileKVStorage) -> None:
-        self.storage = storage
-        self._queue: queue.Queue[Optional[tuple[bytes, bytes]]] = queue.Queue()
-        self._thread = threading.Thread(target=self._loop, name="hicache-writer", daemon=True)
+    def __init__(self, name: str, handle: Callable[[Any], None], what: str) -> None:
+        self._handle, self._what = handle, what
+        self._queue: queue.Queue[Any] = queue.Queue()
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
-    def submit(self, digest: bytes, payload: bytes) -> None:
-        self._queue.put((digest, payload))
+    def put(self, item: Any) -> None:
+        self._queue.put(item)
 
-    def drain(self) -> None:
+    def join(self) -> None:
         self._queue.join()
 
     def close(self) -> None:
-        """Write what is queued, then stop the thread."""
         if self._thread.is_alive():
-            self._queue.put(None)
+            self._queue.put(_STOP)
             self._thread.join()
 
     def _loop(self) -> None:
         while True:
             item = self._queue.get()
             try:
-                if item is None:
+                if item is _STOP:
                     return
-                self.storage.put(*item)
-            except Exception:  # a failed page write must not kill the writer; it is only a cache
-                logger.exception("hicache storage: write-back of a page failed")
+                self._handle(item)
+            except Exception:
+                logger.exception("hicache storage: %s failed", self._what)
             finally:
                 self._queue.task_done()
+
+
+_STOP = object()
+
+
+class BackgroundWriter:
+    """One thread that writes queued pages (``--hicache-write-policy write_back``): the scheduler
+    hands over bytes and goes on; ``drain`` waits until everything queued is on disk."""
+
+    def __init__(self, storage: FileKVStorage) -> None:
+        self.storage = storage
+        self._thread = QueueThread("hicache-writer", lambda item: storage.put(*item), "write-back of a page")
+
+    def submit(self, digest: bytes, payload: bytes) -> None:
+        self._thread.put((digest, payload))
+
+    def drain(self) -> None:
+        self._thread.join()
+
+    def close(self) -> None:
+        """Write what is queued, then stop the thread."""
+        self._thread.close()
