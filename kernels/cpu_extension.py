@@ -80,3 +80,13 @@ def cpu_kernels_error() -> Optional[str]:
     except CpuKernelsUnavailable as e:
         return str(e)
     return None
+
+
+def cpu_or_torch_native(what: str) -> str:
+    """The backend name ``auto`` means on CPU: ``"cpu"`` when the C++ kernels load here, else
+    ``"torch_native"`` after a warning naming ``what`` (e.g. ``"attention"``) and the reason."""
+    error = cpu_kernels_error()
+    if error is None:
+        return "cpu"
+    logger.warning("%s: the C++ CPU kernel is unavailable (%s); using torch_native", what, error)
+    return "torch_native"

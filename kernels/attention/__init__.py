@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import logging
 from typing import Any
-
-logger = logging.getLogger(__name__)
 
 
 def create_attention_backend(name: str, device: str, dtype: Any = None, **kwargs: Any):
@@ -20,13 +17,9 @@ def create_attention_backend(name: str, device: str, dtype: Any = None, **kwargs
     if name == "auto":
         name = "torch_native"
         if device == "cpu":
-            from radixlm.kernels.cpu_extension import cpu_kernels_error
+            from radixlm.kernels.cpu_extension import cpu_or_torch_native
 
-            error = cpu_kernels_error()
-            if error is None:
-                name = "cpu"
-            else:
-                logger.warning("attention: the C++ CPU kernel is unavailable (%s); using torch_native", error)
+            name = cpu_or_torch_native("attention")
         elif device.startswith("cuda"):
             try:
                 import flashinfer  # noqa: F401

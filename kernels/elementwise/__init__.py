@@ -3,13 +3,9 @@
 
 from __future__ import annotations
 
-import logging
-
 import torch
 
 from radixlm.kernels.elementwise.base import ElementwiseBackend
-
-logger = logging.getLogger(__name__)
 
 
 def create_elementwise_backend(name: str, device: torch.device) -> ElementwiseBackend:
@@ -25,13 +21,9 @@ def create_elementwise_backend(name: str, device: torch.device) -> ElementwiseBa
     if name == "auto":
         name = "torch_native"
         if device.type == "cpu":
-            from radixlm.kernels.cpu_extension import cpu_kernels_error
+            from radixlm.kernels.cpu_extension import cpu_or_torch_native
 
-            error = cpu_kernels_error()
-            if error is None:
-                name = "cpu"
-            else:
-                logger.warning("elementwise ops: the C++ CPU kernels are unavailable (%s); using torch_native", error)
+            name = cpu_or_torch_native("elementwise ops")
     if name == "torch_native":
         return TorchNativeElementwise()
     if name == "cpu":
