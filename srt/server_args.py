@@ -18,7 +18,7 @@ from radixlm.srt.reasoning_parser import REASONING_PARSERS
 
 SCHEDULE_POLICIES = ("lpm", "fcfs")
 ATTENTION_BACKENDS = ("auto", "torch_native", "cpu", "flashinfer")
-GEMM_BACKENDS = ("auto", "torch_native", "onednn")
+GEMM_BACKENDS = ("auto", "torch_native", "onednn", "cpu")
 ELEMENTWISE_BACKENDS = ("auto", "torch_native", "cpu")
 GRAMMAR_BACKENDS = ("xgrammar", "outlines", "none")
 DEVICES = ("auto", "cpu", "cuda")
@@ -101,8 +101,9 @@ class ServerArgs:
         "prefixes, compiled on first use; torch_native when no compiler), flashinfer on CUDA when installed, "
         "else torch_native")})
     gemm_backend: str = field(default="auto", metadata={"help": (
-        "linear layers: auto|torch_native|onednn; auto = onednn (weights prepacked once into oneDNN's "
-        "blocked layout) on a CPU where oneDNN supports the dtype, else torch_native (F.linear)")})
+        "linear layers: auto|torch_native|onednn|cpu; auto on CPU = cpu for fp32 (radixlm's C++ kernel over "
+        "weights packed once into 16-column panels; bitwise batch-invariant), else onednn (oneDNN's prepacked "
+        "weights) where oneDNN supports the dtype, else torch_native (F.linear)")})
     elementwise_backend: str = field(default="auto", metadata={"help": (
         "RMSNorm + residual add, RoPE, SiLU-and-mul: auto|torch_native|cpu; auto = cpu (fused C++ kernels, "
         "compiled on first use) on CPU, else torch_native (the reference torch ops)")})

@@ -8,18 +8,33 @@ from radixlm.kernels.gemm.base import GemmBackend
 
 
 def create_gemm_backend(name: str, device: torch.device, dtype: torch.dtype) -> GemmBackend:
-    """Return a ``GemmBackend``. ``auto`` picks onednn on a CPU where oneDNN supports ``dtype`` with
-    a packed-weight kernel (fp32 anywhere oneDNN runs; bf16/fp16 only with the vector units oneDNN
-    needs for them), else torch_native.
+    """Return a ``GemmBackend``. ``auto`` on CPU: for fp32 radixlm's packed-panel C++ kernel
+    (``cpu``) when it builds here; else onednn where oneDNN supports ``dtype`` with a packed-weight
+    kernel (fp32 anywhere oneDNN runs; bf16/fp16 only with the vector units oneDNN needs for them);
+    else torch_native. Elsewhere torch_native.
 
     Raises:
-        ValueError: an unknown name, or onednn asked for where it cannot run.
+        ValueError: an unknown name, or onednn / cpu asked for where it cannot run.
+        CpuKernelsUnavailable: cpu asked for where the C++ kernels cannot be built.
     """
     from radixlm.kernels.gemm.onednn import onednn_supports
     from radixlm.kernels.gemm.torch_native import TorchNativeGemm
 
     if name == "auto":
-        name = "onednn" if device.type == "cpu" and onednn_supports(dtype) else "torch_native"
+        name = "torch_native"
+        if device.type == "cpu":
+            if dtype == torch.float32:
+                from radixlm.kernels.cpu_extension import cpu_kernels_error
+
+                name = "cpu" if cpu_kernels_error() is None else name
+            if name == "torch_native" and onednn_supports(dtype):
+                name = "onednn"
+    if name == "cpu":
+        if device.type != "cpu":
+            raise ValueError("the cpu GEMM backend needs --device cpu")
+        from radixlm.kernels.gemm.cpu import CpuGemm
+
+        return CpuGemm()
     if name == "torch_native":
         return TorchNativeGemm()
     if name == "onednn":
@@ -29,4 +44,4 @@ def create_gemm_backend(name: str, device: torch.device, dtype: torch.dtype) -> 
         from radixlm.kernels.gemm.onednn import OneDnnGemm
 
         return OneDnnGemm()
-    raise ValueError(f"unknown GEMM backend {name!r}; expected auto, torch_native or onednn")
+    raise ValueError(f"unknown GEMM backend {name!r}; expected auto, torch_native, onednn or cpu")

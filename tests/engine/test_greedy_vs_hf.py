@@ -50,7 +50,9 @@ VARIANTS = {
     "chunk_off": {"chunked_prefill_size": -1},
     "fcfs_page4_chunk8": {"schedule_policy": "fcfs", "page_size": 4, "chunked_prefill_size": 8},
     "no_radix_chunk8_page16": {"disable_radix_cache": True, "chunked_prefill_size": 8, "page_size": 16},
-    "gemm_torch_native": {"gemm_backend": "torch_native"},  # the default is onednn's prepacked weights
+    # auto on CPU (fp32) is radixlm's packed-panel C++ GEMM; oneDNN's and F.linear explicitly
+    "gemm_torch_native": {"gemm_backend": "torch_native"},
+    "gemm_onednn": {"gemm_backend": "onednn"},
     # auto on CPU is the C++ kernel; torch_native (the oracle's algorithm, and the fallback) explicitly
     "attn_torch_native": {"attention_backend": "torch_native"},
     "elementwise_torch_native": {"elementwise_backend": "torch_native"},  # auto on CPU: fused C++ ops

@@ -53,8 +53,11 @@ def test_onednn_linear_bf16():
 
 
 def test_create_gemm_backend_choices():
+    from radixlm.kernels.cpu_extension import cpu_kernels_error
+
     auto = create_gemm_backend("auto", CPU, torch.float32)
-    assert auto.name == ("onednn" if onednn_supports(torch.float32) else "torch_native")
+    assert auto.name == ("cpu" if cpu_kernels_error() is None else
+                         "onednn" if onednn_supports(torch.float32) else "torch_native")
     assert create_gemm_backend("auto", CPU, torch.bfloat16).name == (
         "onednn" if onednn_supports(torch.bfloat16) else "torch_native")
     assert isinstance(create_gemm_backend("torch_native", CPU, torch.float32), TorchNativeGemm)
@@ -63,6 +66,8 @@ def test_create_gemm_backend_choices():
         create_gemm_backend("cublas", CPU, torch.float32)
     with pytest.raises(ValueError, match="--device cpu"):
         create_gemm_backend("onednn", torch.device("cuda"), torch.float32)
+    with pytest.raises(ValueError, match="--device cpu"):
+        create_gemm_backend("cpu", torch.device("cuda"), torch.float32)
     if not onednn_supports(torch.float16):
         with pytest.raises(ValueError, match="torch_native"):
             create_gemm_backend("onednn", CPU, torch.float16)
@@ -73,7 +78,7 @@ def test_model_runner_prepacks_every_linear(stories_path):
     from radixlm.srt.engine import Engine
     from radixlm.srt.layers.linear import ColumnParallelLinear, ParallelLMHead, RowParallelLinear
 
-    engine = Engine(stories_path, max_total_tokens=512)
+    engine = Engine(stories_path, max_total_tokens=512, gemm_backend="onednn")
     runner = engine.worker.model_runner
     assert runner.gemm_backend.name == "onednn"
     linears = [m for m in runner.model.modules()
@@ -84,3 +89,89 @@ def test_model_runner_prepacks_every_linear(stories_path):
     reference = Engine(stories_path, max_total_tokens=512, gemm_backend="torch_native")
     assert not any(m.weight.is_mkldnn for m in reference.worker.model_runner.model.modules()
                    if isinstance(m, (ColumnParallelLinear, RowParallelLinear, ParallelLMHead)))
+
+
+# ---- radixlm's packed-panel fp32 kernel (kernels/gemm/cpu) ----------------------------------------
+def _cpu_gemm():
+    from radixlm.kernels.cpu_extension import cpu_kernels_error
+
+    if cpu_kernels_error() is not None:
+        pytest.skip(f"C++ kernels unavailable: {cpu_kernels_error()}")
+    from radixlm.kernels.gemm.cpu import CpuGemm
+
+    return CpuGemm()
+
+
+@pytest.mark.parametrize("rows", [1, 2, 5, 6, 7, 32, 97, 301])
+@pytest.mark.parametrize("bias", [False, True])
+def test_cpu_linear_matches_float64_reference(rows, bias):
+    gemm = _cpu_gemm()
+    g = torch.Generator().manual_seed(rows)
+    w = torch.randn(96, 40, generator=g)
+    b = torch.randn(96, generator=g) if bias else None
+    x = torch.randn(rows, 40, generator=g)
+    packed = gemm.prepare(w.clone())
+    assert packed.shape == (6, 40, 16) and packed.numel() == w.numel() and packed.dtype == torch.float32
+    y = gemm.linear(x, packed, b)
+    ref = F.linear(x.double(), w.double(), None if b is None else b.double())
+    assert y.shape == (rows, 96) and y.dtype == torch.float32
+    # One fp32 FMA chain per output: as close to the exact result as F.linear is.
+    err, err_ref = (y.double() - ref).abs().max().item(), (F.linear(x, w, b).double() - ref).abs().max().item()
+    assert err <= 4 * max(err_ref, 1e-6), (err, err_ref)
+
+
+def test_cpu_linear_rows_do_not_depend_on_the_batch():
+    """Bitwise: a row's output is the same alone, in any batch size and at any position."""
+    gemm = _cpu_gemm()
+    g = torch.Generator().manual_seed(0)
+    w, b = torch.randn(160, 576, generator=g), torch.randn(160, generator=g)
+    packed = gemm.prepare(w)
+    x = torch.randn(131, 576, generator=g)
+    full = gemm.linear(x, packed, b)
+    for i in (0, 5, 6, 95, 96, 130):
+        assert torch.equal(gemm.linear(x[i:i + 1], packed, b), full[i:i + 1]), i
+    for lo, hi in ((3, 40), (90, 131), (0, 7)):
+        assert torch.equal(gemm.linear(x[lo:hi], packed, b), full[lo:hi]), (lo, hi)
+
+
+def test_cpu_linear_shapes_it_does_not_pack_stay_dense():
+    gemm = _cpu_gemm()
+    w = torch.randn(20, 8)  # 20 output features: not a multiple of the 16-wide panel
+    assert gemm.prepare(w) is w
+    x = torch.randn(3, 8)
+    torch.testing.assert_close(gemm.linear(x, w), F.linear(x, w))
+    wb = torch.randn(32, 8).bfloat16()
+    assert gemm.prepare(wb) is wb  # fp32 only
+
+
+def test_cpu_linear_leading_dims_non_contiguous_input_and_bad_arguments():
+    gemm = _cpu_gemm()
+    w = torch.randn(32, 16)
+    packed = gemm.prepare(w)
+    x = torch.randn(16, 2, 5).permute(1, 2, 0)  # (2, 5, 16), not contiguous
+    torch.testing.assert_close(gemm.linear(x, packed), F.linear(x, w), rtol=1e-5, atol=1e-5)
+    with pytest.raises(RuntimeError, match="features"):
+        gemm.linear(torch.randn(3, 8), packed)
+    with pytest.raises(RuntimeError, match="bias"):
+        gemm.linear(torch.randn(3, 16), packed, torch.randn(31))
+    with pytest.raises(RuntimeError, match="multiple of 16"):
+        torch.ops.radixlm_cpu.pack_linear_weight(torch.randn(20, 8))
+
+
+def test_model_runner_packs_linears_with_the_cpu_backend(stories_path):
+    from radixlm.srt.engine import Engine
+    from radixlm.srt.layers.linear import ColumnParallelLinear, ParallelLMHead, RowParallelLinear
+
+    _cpu_gemm()
+    engine = Engine(stories_path, max_total_tokens=512, gemm_backend="cpu")
+    runner = engine.worker.model_runner
+    linears = [m for m in runner.model.modules()
+               if isinstance(m, (ColumnParallelLinear, RowParallelLinear, ParallelLMHead))]
+    packed = [m for m in linears if m.weight.dim() == 3]
+    # stories260K: every linear but gate_up (2 x 172 outputs, not a multiple of 16) is packed.
+    assert len(packed) == 3 * runner.model_config.num_hidden_layers + 1
+    assert all(m.gemm is runner.gemm_backend for m in linears)
+    out = engine.generate("Once upon a time", {"temperature": 0, "max_new_tokens": 12})
+    ref = Engine(stories_path, max_total_tokens=512, gemm_backend="torch_native")
+    assert out["output_ids"] == ref.generate("Once upon a time", {"temperature": 0, "max_new_tokens": 12})["output_ids"]
+
