@@ -59,11 +59,11 @@ class ModelRunner:
             self.model = model_cls(cfg, tp, self.dtype)
         self.model.load_weights(iter_weights(model_config.model_path))
         self.model.eval()
-        self.gemm_backend = create_gemm_backend(server_args.gemm_backend, self.device, self.dtype)
+        self.gemm_backend = create_gemm_backend(server_args.kernel_backend("gemm"), self.device, self.dtype)
         for module in self.model.modules():
             if hasattr(module, "process_weights_after_loading"):
                 module.process_weights_after_loading(self.gemm_backend)
-        self.elementwise_backend = create_elementwise_backend(server_args.elementwise_backend, self.device)
+        self.elementwise_backend = create_elementwise_backend(server_args.kernel_backend("elementwise"), self.device)
         for module in self.model.modules():
             if hasattr(module, "elementwise"):
                 module.elementwise = self.elementwise_backend
@@ -72,7 +72,7 @@ class ModelRunner:
         attn = self.model.layers[0].self_attn
         self.num_kv_heads = attn.num_kv_heads
         self.attn_backend = create_attention_backend(
-            server_args.attention_backend, str(self.device), dtype=self.dtype, num_heads=attn.num_heads,
+            server_args.kernel_backend("attention"), str(self.device), dtype=self.dtype, num_heads=attn.num_heads,
             num_kv_heads=attn.num_kv_heads, head_dim=attn.head_dim, scaling=attn.head_dim ** -0.5)
         self._init_memory_pool()
         from radixlm.srt.cuda_graph_runner import CudaGraphRunner

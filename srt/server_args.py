@@ -75,6 +75,11 @@ class ServerArgs:
     schedule_policy: str = field(default="lpm", metadata={"help": "lpm (longest prefix match) | fcfs"})
     schedule_conservativeness: float = field(default=1.0, metadata={"help": "scales the decode-memory reservation"})
     disable_radix_cache: bool = field(default=False, metadata={"help": "turn prefix caching off"})
+    enable_deterministic_inference: bool = field(default=False, metadata={"help": (
+        "batch-invariant kernels (SGLang's flag): a request's logits are bitwise the same whatever batch, "
+        "chunking or cache hit it runs with. CPU only: attention, GEMM and elementwise ops all run radixlm's "
+        "C++ kernels (what auto already picks for fp32; bf16 otherwise uses oneDNN's faster GEMMs, whose "
+        "blocking depends on the batch)")})
     enable_hierarchical_cache: bool = field(default=False, metadata={"help": (
         "keep pages evicted from the KV pool in a host pool (and, with --hicache-storage-backend, in files) and "
         "load them back on a prefix match")})
@@ -148,6 +153,7 @@ class ServerArgs:
         if self.hicache_storage_backend is not None:
             choice("hicache_storage_backend", HICACHE_STORAGE_BACKENDS)
         self._validate_hicache()
+        self._validate_deterministic()
         if self.page_size < 1 or self.page_size & (self.page_size - 1):
             raise ServerArgsError(f"--page-size must be a power of two, got {self.page_size}")
         if self.cpu_threads is not None and self.cpu_threads < 1:
@@ -185,6 +191,25 @@ class ServerArgs:
                                   f"--speculative-ngram-max-match-window-size, got {lo} and {hi}")
         if not 1 <= self.port <= 65535:
             raise ServerArgsError(f"--port must be in 1..65535, got {self.port}")
+
+    def _validate_deterministic(self) -> None:
+        """``--enable-deterministic-inference`` takes the batch-invariant C++ kernels only (``kernel_backend``)."""
+        if not self.enable_deterministic_inference:
+            return
+        if self.device not in ("auto", "cpu"):
+            raise ServerArgsError("--enable-deterministic-inference runs on CPU only (batch-invariant C++ kernels); "
+                                  f"got --device {self.device}")
+        for kind in ("attention", "gemm", "elementwise"):
+            value = getattr(self, f"{kind}_backend")
+            if value not in ("auto", "cpu"):
+                raise ServerArgsError(f"--enable-deterministic-inference needs --{kind}-backend cpu "
+                                      f"(the batch-invariant kernel), got {value}")
+
+    def kernel_backend(self, kind: str) -> str:
+        """The backend name to build for ``kind`` (attention, gemm or elementwise): the flag's value, or
+        ``cpu`` for ``auto`` under ``--enable-deterministic-inference``."""
+        value = getattr(self, f"{kind}_backend")
+        return "cpu" if self.enable_deterministic_inference and value == "auto" else value
 
     def _validate_hicache(self) -> None:
         self.prefetch_policy()  # raises on a bad policy or extra config

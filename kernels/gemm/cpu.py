@@ -1,15 +1,18 @@
-"""fp32 linear layers over panel-packed weights with radixlm's C++ microkernel (``cpu/gemm.cpp``).
+"""Linear layers over panel-packed weights with radixlm's C++ microkernel (``cpu/gemm.cpp``).
 
-``prepare`` reorders an (out, in) fp32 weight once into panels of 16 output rows, k-major
-(``(out / 16, in, 16)``); ``linear`` runs a 6 x 16 register-blocked AVX2 FMA microkernel over them
+``prepare`` reorders an (out, in) fp32 or bf16 weight once into panels of 16 output rows, k-major
+(``(out / 16, in, 16)``; 8, 4, 2 or 1 rows when out is not a multiple of 16, the last two scalar);
+``linear`` runs a 6 x 16 register-blocked AVX2 FMA microkernel over them
 (BLIS's scheme: Van Zee & van de Geijn 2015). Each output element is one FMA chain over the input
 features in order, so a row's result is bitwise the same whatever batch it is computed in (the
 batch invariance SGLang's ``--enable-deterministic-inference`` asks of its kernels). Measured on a
 2-core AMD EPYC (AVX2), SmolLM2-135M's linear shapes, one thread: 1.35-1.5x oneDNN's prepacked GEMM
 at 32-64 rows, 1.4x at 1 row, the same at 512 rows (docs/benchmarks.md).
 
-Weights this layout does not take (not fp32, or out_features not a multiple of 16) stay dense and
-run through ``F.linear``.
+bf16 weights and activations are widened to fp32 exactly, accumulated in fp32 and the result rounded
+once: on an AVX2 CPU about as fast as fp32 from half the bytes; where oneDNN has bf16 kernels (AMX)
+they are several times faster, so ``auto`` uses this backend for bf16 only under
+``--enable-deterministic-inference``. Weights of other dtypes stay dense and run through ``F.linear``.
 """
 
 from __future__ import annotations
@@ -22,13 +25,9 @@ import torch.nn.functional as F
 from radixlm.kernels.cpu_extension import load_cpu_kernels
 from radixlm.kernels.gemm.base import GemmBackend
 
-PANEL = 16
-
-
 def packable(weight: torch.Tensor) -> bool:
-    """Whether ``prepare`` packs ``weight`` (else it stays dense)."""
-    return (weight.dim() == 2 and weight.dtype == torch.float32 and weight.device.type == "cpu"
-            and weight.shape[0] % PANEL == 0)
+    """Whether ``prepare`` packs ``weight`` (else it stays dense): 2-D fp32 or bf16 on CPU."""
+    return weight.dim() == 2 and weight.dtype in (torch.float32, torch.bfloat16) and weight.device.type == "cpu"
 
 
 class CpuGemm(GemmBackend):
@@ -41,7 +40,7 @@ class CpuGemm(GemmBackend):
         self._pack, self._linear = torch.ops.radixlm_cpu.pack_linear_weight, torch.ops.radixlm_cpu.linear_packed
 
     def prepare(self, weight: torch.Tensor) -> torch.Tensor:
-        """(out, in) fp32 -> (out / 16, in, 16) panels (same numel and dtype); other weights as they are."""
+        """(out, in) fp32/bf16 -> (out / PW, in, PW) panels (same numel and dtype); other weights as they are."""
         return self._pack(weight) if packable(weight) else weight
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:

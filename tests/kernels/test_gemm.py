@@ -134,14 +134,26 @@ def test_cpu_linear_rows_do_not_depend_on_the_batch():
         assert torch.equal(gemm.linear(x[lo:hi], packed, b), full[lo:hi]), (lo, hi)
 
 
-def test_cpu_linear_shapes_it_does_not_pack_stay_dense():
+@pytest.mark.parametrize("out_features,width", [(344, 8), (20, 4), (6, 2), (7, 1)])
+def test_cpu_linear_narrow_panels_for_other_output_sizes(out_features, width):
+    """stories260K's gate_up has 344 outputs: 8-wide panels; narrower ones run scalar, same chains."""
     gemm = _cpu_gemm()
-    w = torch.randn(20, 8)  # 20 output features: not a multiple of the 16-wide panel
-    assert gemm.prepare(w) is w
-    x = torch.randn(3, 8)
-    torch.testing.assert_close(gemm.linear(x, w), F.linear(x, w))
-    wb = torch.randn(32, 8).bfloat16()
-    assert gemm.prepare(wb) is wb  # fp32 only
+    g = torch.Generator().manual_seed(out_features)
+    w, b = torch.randn(out_features, 24, generator=g), torch.randn(out_features, generator=g)
+    packed = gemm.prepare(w)
+    assert packed.shape == (out_features // width, 24, width)
+    x = torch.randn(13, 24, generator=g)
+    y = gemm.linear(x, packed, b)
+    torch.testing.assert_close(y, F.linear(x, w, b), rtol=1e-5, atol=1e-5)
+    assert all(torch.equal(gemm.linear(x[i:i + 1], packed, b), y[i:i + 1]) for i in range(13))
+
+
+def test_cpu_linear_other_dtypes_stay_dense():
+    gemm = _cpu_gemm()
+    wh = torch.randn(32, 8).half()
+    assert gemm.prepare(wh) is wh  # fp32 and bf16 only
+    x = torch.randn(3, 8).half()
+    torch.testing.assert_close(gemm.linear(x, wh), F.linear(x, wh))
 
 
 def test_cpu_linear_leading_dims_non_contiguous_input_and_bad_arguments():
@@ -154,8 +166,8 @@ def test_cpu_linear_leading_dims_non_contiguous_input_and_bad_arguments():
         gemm.linear(torch.randn(3, 8), packed)
     with pytest.raises(RuntimeError, match="bias"):
         gemm.linear(torch.randn(3, 16), packed, torch.randn(31))
-    with pytest.raises(RuntimeError, match="multiple of 16"):
-        torch.ops.radixlm_cpu.pack_linear_weight(torch.randn(20, 8))
+    with pytest.raises(RuntimeError, match="pack_linear_weight"):
+        torch.ops.radixlm_cpu.linear_packed(torch.randn(3, 16), torch.randn(2, 16, 3), None)  # not a packed layout
 
 
 def test_model_runner_packs_linears_with_the_cpu_backend(stories_path):
@@ -167,11 +179,27 @@ def test_model_runner_packs_linears_with_the_cpu_backend(stories_path):
     runner = engine.worker.model_runner
     linears = [m for m in runner.model.modules()
                if isinstance(m, (ColumnParallelLinear, RowParallelLinear, ParallelLMHead))]
-    packed = [m for m in linears if m.weight.dim() == 3]
-    # stories260K: every linear but gate_up (2 x 172 outputs, not a multiple of 16) is packed.
-    assert len(packed) == 3 * runner.model_config.num_hidden_layers + 1
+    # Every linear is packed (stories260K's gate_up, 2 x 172 outputs, in 8-wide panels).
+    assert len(linears) == 4 * runner.model_config.num_hidden_layers + 1 and all(m.weight.dim() == 3 for m in linears)
     assert all(m.gemm is runner.gemm_backend for m in linears)
     out = engine.generate("Once upon a time", {"temperature": 0, "max_new_tokens": 12})
     ref = Engine(stories_path, max_total_tokens=512, gemm_backend="torch_native")
     assert out["output_ids"] == ref.generate("Once upon a time", {"temperature": 0, "max_new_tokens": 12})["output_ids"]
+
+
+def test_cpu_linear_bf16_rounds_an_fp32_chain_once_and_is_batch_invariant():
+    gemm = _cpu_gemm()
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(48, 200, generator=g).bfloat16()
+    b = torch.randn(48, generator=g).bfloat16()
+    x = torch.randn(29, 200, generator=g).bfloat16()
+    packed = gemm.prepare(w)
+    assert packed.shape == (3, 200, 16) and packed.dtype == torch.bfloat16
+    y = gemm.linear(x, packed, b)
+    assert y.dtype == torch.bfloat16
+    exact = (F.linear(x.double(), w.double()) + b.double())
+    # fp32 accumulation, one rounding to bf16: within one bf16 ulp of the exact result
+    assert ((y.double() - exact).abs() <= exact.abs() * 2 ** -8 + 1e-3).all()
+    for lo, hi in ((0, 1), (4, 11), (28, 29)):
+        assert torch.equal(gemm.linear(x[lo:hi], packed, b), y[lo:hi])
 

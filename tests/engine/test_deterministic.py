@@ -1,0 +1,64 @@
+"""Batch-invariant inference (issue 14, part 4; SGLang's ``--enable-deterministic-inference``): a
+request's logprobs are bitwise the same alone, in a batch, with chunked prefill, another page size
+and after radix-cache hits. fp32 gets it by default on CPU (every ``auto`` kernel is radixlm's C++
+kernel); bf16 with the flag.
+
+Model: stories260K. Greedy, with the chosen tokens' logprobs compared as exact floats.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from radixlm.kernels.cpu_extension import cpu_kernels_error
+from radixlm.srt.engine import Engine
+from radixlm.srt.server_args import ServerArgs, ServerArgsError
+from tests.conftest import STORY_PROMPTS
+from tests.engine.test_greedy_vs_hf import assert_clean
+
+pytestmark = pytest.mark.skipif(cpu_kernels_error() is not None, reason="the C++ CPU kernels are unavailable")
+
+SP = {"temperature": 0, "max_new_tokens": 10, "min_new_tokens": 10}
+VARIANTS = {"batch": {}, "chunk8": {"chunked_prefill_size": 8}, "page16_chunk5": {"page_size": 16, "chunked_prefill_size": 5}}
+
+
+def traces(engine: Engine, prompts: list[str], batched: bool) -> list[tuple[list[int], list[float]]]:
+    """(output ids, their logprobs) per prompt; twice over in the batched form (the second pass hits the cache)."""
+    def one(out: dict) -> tuple[list[int], list[float]]:
+        return out["output_ids"], [lp for lp, _, _ in out["meta_info"]["output_token_logprobs"]]
+
+    if not batched:
+        res = []
+        for p in prompts:
+            engine.flush_cache()
+            res.append(one(engine.generate(p, SP, return_logprob=True)))
+        return res
+    first = [one(o) for o in engine.generate(prompts, SP, return_logprob=True)]
+    second = [one(o) for o in engine.generate(prompts[::-1], SP, return_logprob=True)][::-1]
+    assert second == first, "a radix-cache hit changed a logprob"
+    return first
+
+
+@pytest.mark.parametrize("dtype,flag", [("float32", False), ("bfloat16", True)])
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_logprobs_do_not_depend_on_batch_chunking_or_cache(stories_path, dtype, flag, variant):
+    kw = {"dtype": dtype, "max_total_tokens": 4096, "enable_deterministic_inference": flag}
+    solo = traces(Engine(stories_path, **kw), STORY_PROMPTS[:6], batched=False)
+    engine = Engine(stories_path, **kw, **VARIANTS[variant])
+    runner = engine.worker.model_runner
+    assert (runner.attn_backend.name, runner.gemm_backend.name, runner.elementwise_backend.name) == ("cpu",) * 3
+    assert traces(engine, STORY_PROMPTS[:6], batched=True) == solo
+    assert_clean(engine)
+
+
+def test_flag_resolves_auto_and_refuses_other_kernels():
+    args = ServerArgs(model_path="m", enable_deterministic_inference=True)
+    args.validate()
+    assert [args.kernel_backend(k) for k in ("attention", "gemm", "elementwise")] == ["cpu"] * 3
+    assert ServerArgs(model_path="m", gemm_backend="onednn").kernel_backend("gemm") == "onednn"
+    with pytest.raises(ServerArgsError, match="needs --gemm-backend cpu"):
+        ServerArgs(model_path="m", enable_deterministic_inference=True, gemm_backend="onednn").validate()
+    with pytest.raises(ServerArgsError, match="needs --attention-backend cpu"):
+        ServerArgs(model_path="m", enable_deterministic_inference=True, attention_backend="torch_native").validate()
+    with pytest.raises(ServerArgsError, match="CPU only"):
+        ServerArgs(model_path="m", enable_deterministic_inference=True, device="cuda").validate()
