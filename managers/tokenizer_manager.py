@@ -83,6 +83,7 @@ class GenerateRequest:
     is_batch: bool = False
     timeout: Optional[float] = None  # seconds (> 0) this request may take; the server's --request-timeout caps it
     data_parallel_rank: Optional[int] = None  # the --dp-size replica to run on (None: the router picks)
+    no_logs: bool = False  # keep it out of the --log-requests log
 
 
 @dataclasses.dataclass
@@ -97,6 +98,7 @@ class PreparedRequest:
     created: float  # time.monotonic() when the request arrived
     timeout: Optional[float] = None  # seconds from ``created`` until its unfinished rids are aborted
     data_parallel_rank: Optional[int] = None  # pins every message to this replica
+    no_logs: bool = False
 
 
 class ReqState:
@@ -112,6 +114,7 @@ class ReqState:
         self.error: Optional[str] = None
         self.timeout_message: Optional[str] = None  # set once its deadline passed and the abort was sent
         self.dp_rank = 0  # the data-parallel replica it was sent to
+        self.logged = False  # its prompt went to the --log-requests log, so its result does too
 
 
 class TokenizerManager:
@@ -235,7 +238,7 @@ class TokenizerManager:
             except (OverflowError, msgspec.EncodeError, ValueError, TypeError) as e:
                 raise InvalidRequestError(f"a value of the request is out of range: {e}") from None
         return PreparedRequest(warmups, msgs, req.is_batch or n > 1, req.return_text_in_logprobs, created,
-                               effective_timeout(req.timeout, self.args.request_timeout), dp_rank)
+                               effective_timeout(req.timeout, self.args.request_timeout), dp_rank, req.no_logs)
 
     async def generate(self, prep: PreparedRequest, is_disconnected: Callable[[], Awaitable[bool]]
                        ) -> Union[dict, list[dict]]:
@@ -358,7 +361,8 @@ class TokenizerManager:
             state = ReqState(m, acc, event, prep.created)
             self.states[m.rid] = state
             states.append(state)
-            if self.args.log_requests:  # user data: only when the operator asked (--log-requests)
+            if self.args.log_requests and not prep.no_logs:  # user data: only when the operator asked
+                state.logged = True
                 log_received(m, self.tokenizer)
             state.dp_rank = self.dp.dispatch(m, pin)
         return states
@@ -451,7 +455,7 @@ class TokenizerManager:
             self._observe(state, len(t.output_ids[i]), now)
             if state.acc.finished:
                 del self.states[rid]
-                if self.args.log_requests:
+                if state.logged:
                     log_finished(rid, state.acc.result())
             state.event.set()
 

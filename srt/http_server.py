@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import hmac
 import logging
-from typing import Any, Optional, Union
+from typing import Any, Literal, Optional, Union
 
 import msgspec
 from fastapi import FastAPI, Request
@@ -48,10 +48,12 @@ from radixlm.srt.openai_api.router import create_openai_router
 logger = logging.getLogger(__name__)
 
 # SGLang request fields we accept only when unset (null / false / empty), so SGLang's clients that
-# send them with default values keep working; a real value is a 400 naming the field.
+# send them with default values keep working; a real value is a 400 naming the field. SGLang's router
+# (sglang-router) re-serializes every /generate body with ``log_metrics: true`` and ``background``,
+# ``return_bytes``, ``return_entropy``, ``return_hidden_states`` false.
 _UNSUPPORTED_FIELDS = ("input_embeds", "image_data", "video_data", "audio_data", "lora_path", "session_params",
                        "return_hidden_states", "custom_logit_processor", "token_ids_logprob", "modalities",
-                       "priority", "extra_key", "log_metrics", "return_entropy",
+                       "priority", "extra_key", "return_entropy", "background", "return_bytes",
                        "bootstrap_host", "bootstrap_port", "bootstrap_room", "require_reasoning", "stream_output")
 
 
@@ -66,6 +68,8 @@ class GenerateReqInput(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
+    # ``model`` (sent by SGLang's router, null there): this server serves one model, so any name is that one.
+    model: Optional[str] = None
     text: Optional[Union[str, list[str]]] = None
     input_ids: Optional[Union[list[int], list[list[int]]]] = None
     sampling_params: Optional[Union[dict[str, Any], list[Optional[dict[str, Any]]]]] = None
@@ -90,7 +94,10 @@ class GenerateReqInput(BaseModel):
     modalities: Any = None
     priority: Any = None
     extra_key: Any = None
-    log_metrics: Any = None
+    # SGLang's default (true): the request counts in /metrics, as every request does here.
+    log_metrics: Optional[Literal[True]] = None
+    # Keep this request out of the --log-requests log (SGLang's field).
+    no_logs: Optional[bool] = None
     # The --dp-size replica to run on (SGLang's field; its router's dp-aware mode sends it). None: routed.
     data_parallel_rank: Optional[int] = Field(default=None, ge=0)
     return_entropy: Any = None
@@ -99,6 +106,8 @@ class GenerateReqInput(BaseModel):
     bootstrap_room: Any = None
     require_reasoning: Any = None
     stream_output: Any = None
+    background: Any = None
+    return_bytes: Any = None
 
     @model_validator(mode="after")
     def _check(self) -> "GenerateReqInput":
@@ -147,6 +156,7 @@ class GenerateReqInput(BaseModel):
             is_batch=is_batch,
             timeout=self.timeout,
             data_parallel_rank=self.data_parallel_rank,
+            no_logs=bool(self.no_logs),
         )
 
 
