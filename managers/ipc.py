@@ -34,6 +34,11 @@ class IpcPaths:
     tokenizer_input: Detokenizer PUSH -> TokenizerManager PULL, bound by the tokenizer manager.
     scheduler_rpc: control replies (Scheduler -> TokenizerManager), bound by the tokenizer manager.
     root: the directory holding the socket files (removed by ``remove()``).
+    launch_root: the launch's directory when this is one data-parallel replica's view
+        (``for_dp_rank``), so ``remove()`` removes the whole launch; None otherwise.
+
+    With ``--dp-size N`` each replica has its own ``scheduler_input`` and ``scheduler_rpc`` (and TP
+    rendezvous file) in ``<root>/dp<k>/``; all replicas share the one detokenizer's sockets.
     """
 
     scheduler_input: str
@@ -41,6 +46,7 @@ class IpcPaths:
     tokenizer_input: str
     scheduler_rpc: str
     root: str
+    launch_root: Optional[str] = None
 
     @classmethod
     def in_dir(cls, root: str) -> "IpcPaths":
@@ -73,9 +79,21 @@ class IpcPaths:
             root = tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir="/tmp")
         return cls.in_dir(root)
 
+    def for_dp_rank(self, dp_rank: int, dp_size: int) -> "IpcPaths":
+        """The endpoints data-parallel replica ``dp_rank`` of ``dp_size`` uses: these paths when
+        ``dp_size`` is 1, else its own scheduler sockets in ``<root>/dp<k>/`` (created) and the shared
+        detokenizer and tokenizer sockets. Raises ValueError as ``in_dir`` does."""
+        if dp_size == 1:
+            return self
+        sub = os.path.join(self.root, f"dp{dp_rank}")
+        os.makedirs(sub, exist_ok=True)
+        own = IpcPaths.in_dir(sub)
+        return dataclasses.replace(own, detokenizer_input=self.detokenizer_input,
+                                   tokenizer_input=self.tokenizer_input, launch_root=self.launch_root or self.root)
+
     def remove(self) -> None:
-        """Delete the directory and its socket files (call once every process has exited)."""
-        shutil.rmtree(self.root, ignore_errors=True)
+        """Delete the launch's directory and its socket files (call once every process has exited)."""
+        shutil.rmtree(self.launch_root or self.root, ignore_errors=True)
 
 
 def _open(ctx: zmq.Context, kind: int, endpoint: str, bind: bool) -> zmq.Socket:

@@ -1,9 +1,9 @@
 """TokenizerManager: the HTTP process's side of the pipeline (SGLang's ``tokenizer_manager.py``).
 
-It tokenizes and validates each request, sends ``TokenizedGenerateReq`` to the scheduler (PUSH
-``scheduler_input``), and folds the detokenizer's ``BatchStrOut`` (PULL ``tokenizer_input``) into
-one ``ResponseAccumulator`` per rid; control replies of the scheduler arrive on PULL
-``scheduler_rpc`` and are matched first-in first-out (the scheduler answers in order).
+It tokenizes and validates each request, sends ``TokenizedGenerateReq`` to a scheduler replica through the
+``DataParallelController`` (one replica unless ``--dp-size``; it routes, and matches control replies
+first-in first-out per replica), and folds the detokenizer's ``BatchStrOut`` (PULL
+``tokenizer_input``) into one ``ResponseAccumulator`` per rid.
 
 Requests whose client goes away are aborted (``AbortReq``) at once; their state stays until the
 scheduler's terminal output arrives, so ``len(self.states)`` counts every request the scheduler
@@ -20,7 +20,6 @@ with finish_reason ``abort`` / ``request timed out after X s``, keeping their pa
 from __future__ import annotations
 
 import asyncio
-import collections
 import dataclasses
 import logging
 import time
@@ -31,9 +30,11 @@ from typing import Any, Callable, Optional, Union
 import msgspec
 import zmq
 
+from radixlm.managers.data_parallel_controller import DataParallelController
 from radixlm.managers.io_struct import (AbortReq, BatchStrOut, FlushCacheOut, FlushCacheReq, GetInternalStateReq,
                                         InternalState, Message, TokenizedGenerateReq, encode)
-from radixlm.managers.ipc import AsyncPullReceiver, IpcPaths, PushSender
+from radixlm.managers.ipc import AsyncPullReceiver, IpcPaths
+from radixlm.managers.load_balance import CacheAware, CacheAwareConfig, create_load_balancer
 from radixlm.managers.prompt_tokenizer import PromptTokenizer
 from radixlm.managers.request_log import log_finished, log_received
 from radixlm.managers.response import ResponseAccumulator
@@ -81,6 +82,8 @@ class GenerateRequest:
     stream: bool = False
     is_batch: bool = False
     timeout: Optional[float] = None  # seconds (> 0) this request may take; the server's --request-timeout caps it
+    data_parallel_rank: Optional[int] = None  # the --dp-size replica to run on (None: the router picks)
+    no_logs: bool = False  # keep it out of the --log-requests log
 
 
 @dataclasses.dataclass
@@ -94,6 +97,8 @@ class PreparedRequest:
     return_text_in_logprobs: bool
     created: float  # time.monotonic() when the request arrived
     timeout: Optional[float] = None  # seconds from ``created`` until its unfinished rids are aborted
+    data_parallel_rank: Optional[int] = None  # pins every message to this replica
+    no_logs: bool = False
 
 
 class ReqState:
@@ -108,6 +113,8 @@ class ReqState:
         self.updates = 0
         self.error: Optional[str] = None
         self.timeout_message: Optional[str] = None  # set once its deadline passed and the abort was sent
+        self.dp_rank = 0  # the data-parallel replica it was sent to
+        self.logged = False  # its prompt went to the --log-requests log, so its result does too
 
 
 class TokenizerManager:
@@ -128,25 +135,36 @@ class TokenizerManager:
         self.dead: Optional[str] = None  # why the scheduler can no longer be reached
         q = server_args.max_queued_requests
         self.max_outstanding = None if q is None else server_args.max_running_requests + q
-        self._pending_control: collections.deque[tuple[type, asyncio.Future]] = collections.deque()
-        self._control_lock = asyncio.Lock()
         self._tasks: list[asyncio.Task] = []
         self._ctx = zmq.Context()
-        self._to_scheduler = PushSender(self._ctx, paths.scheduler_input, bind=False)
+        dp_size = server_args.dp_size
+        policy = create_load_balancer(server_args.load_balance_method, dp_size, _cache_aware_config(server_args))
+        self.dp = DataParallelController(self._ctx, [paths.for_dp_rank(r, dp_size) for r in range(dp_size)], policy)
         self._from_detokenizer = AsyncPullReceiver(self._ctx, paths.tokenizer_input, bind=True)
-        self._from_scheduler = AsyncPullReceiver(self._ctx, paths.scheduler_rpc, bind=True)
 
     def start(self) -> None:
-        self._tasks = [asyncio.create_task(self._loop(self._from_detokenizer), name="tm-outputs"),
-                       asyncio.create_task(self._loop(self._from_scheduler), name="tm-control")]
+        self.dp.start()
+        self._tasks = [asyncio.create_task(self._loop(self._from_detokenizer), name="tm-outputs")]
+        policy = self.dp.policy
+        if self.dp.size > 1 and isinstance(policy, CacheAware) and policy.config.max_tree_size is None:
+            self._tasks.append(asyncio.create_task(self._bound_tree_by_pool(policy), name="tm-tree-size"))
+
+    async def _bound_tree_by_pool(self, policy: CacheAware) -> None:
+        """Default ``--router-max-tree-size``: the smallest replica's KV pool (what its radix tree can hold)."""
+        try:
+            states = await self.internal_states()
+        except RequestError as e:
+            logger.warning("cannot read the replicas' KV pool sizes (%s); the routing tree stays unbounded", e.message)
+            return
+        policy.set_max_tree_size(min(s.max_total_num_tokens for s in states))
 
     def close(self) -> None:
         """Stop the receive loops and close the sockets; later requests fail with 503."""
         self.fail_all(self.dead or "the server is shutting down")
         for task in self._tasks:
             task.cancel()
-        for sock in (self._to_scheduler, self._from_detokenizer, self._from_scheduler):
-            sock.close()
+        self.dp.close()
+        self._from_detokenizer.close()
         self._ctx.term()
         self.prompt_tokenizer.close()
 
@@ -169,6 +187,10 @@ class TokenizerManager:
     def _prepare_tokenized(self, req: GenerateRequest, prompt_ids: list[list[int]], created: float) -> PreparedRequest:
         """``prepare`` after tokenizing: one validated message per prompt (per sample for n > 1)."""
         base_rids = req.rids or [uuid.uuid4().hex for _ in req.prompts]
+        dp_rank = req.data_parallel_rank
+        if dp_rank is not None and not 0 <= dp_rank < self.dp.size:
+            raise InvalidRequestError(f"data_parallel_rank must be in [0, {self.dp.size}) (--dp-size {self.dp.size}), "
+                                      f"got {dp_rank}")
         items = []
         for i, ids in enumerate(prompt_ids):
             raw = req.sampling_params[i] or {}
@@ -216,7 +238,7 @@ class TokenizerManager:
             except (OverflowError, msgspec.EncodeError, ValueError, TypeError) as e:
                 raise InvalidRequestError(f"a value of the request is out of range: {e}") from None
         return PreparedRequest(warmups, msgs, req.is_batch or n > 1, req.return_text_in_logprobs, created,
-                               effective_timeout(req.timeout, self.args.request_timeout))
+                               effective_timeout(req.timeout, self.args.request_timeout), dp_rank, req.no_logs)
 
     async def generate(self, prep: PreparedRequest, is_disconnected: Callable[[], Awaitable[bool]]
                        ) -> Union[dict, list[dict]]:
@@ -261,10 +283,14 @@ class TokenizerManager:
                        ) -> AsyncIterator[list[ReqState]]:
         """Submit, then yield the states after every change until all finish; aborts on exit."""
         self.check_admission(prep)
+        pins = [prep.data_parallel_rank] * len(prep.msgs)
         if prep.warmups:
-            async for _ in self._watch(self._submit(prep.warmups, prep), is_disconnected, prep.timeout):
+            warm = self._submit(prep.warmups, prep, [prep.data_parallel_rank] * len(prep.warmups))
+            async for _ in self._watch(warm, is_disconnected, prep.timeout):
                 pass
-        async for states in self._watch(self._submit(prep.msgs, prep), is_disconnected, prep.timeout):
+            n = len(prep.msgs) // len(prep.warmups)
+            pins = [warm[i // n].dp_rank for i in range(len(prep.msgs))]  # the n copies go where the prefix is cached
+        async for states in self._watch(self._submit(prep.msgs, prep, pins), is_disconnected, prep.timeout):
             yield states
 
     async def _watch(self, states: list[ReqState], is_disconnected: Callable[[], Awaitable[bool]],
@@ -308,13 +334,13 @@ class TokenizerManager:
             if not s.acc.finished and s.error is None and self.dead is None and s.timeout_message is None:
                 logger.info("request %s: %s; aborting it", s.msg.rid, message)
                 s.timeout_message = message
-                self._to_scheduler.send(AbortReq(rid=s.msg.rid, exact=True, message=message))
+                self.dp.abort(AbortReq(rid=s.msg.rid, exact=True, message=message))
 
     def _abort_unfinished(self, states: list[ReqState]) -> None:
         for s in states:
             if not s.acc.finished and s.error is None and self.dead is None:
                 logger.info("aborting request %s (client gone or request cancelled)", s.msg.rid)
-                self._to_scheduler.send(AbortReq(rid=s.msg.rid, exact=True, message="client disconnected"))
+                self.dp.abort(AbortReq(rid=s.msg.rid, exact=True, message="client disconnected"))
 
     def check_admission(self, prep: PreparedRequest) -> None:
         """Raises RequestError(503) when the scheduler is gone or the queue is full."""
@@ -325,56 +351,76 @@ class TokenizerManager:
             raise RequestError(f"The request queue is full ({len(self.states)} requests outstanding, "
                                f"--max-queued-requests {self.args.max_queued_requests}); retry later", 503)
 
-    def _submit(self, msgs: list[TokenizedGenerateReq], prep: PreparedRequest) -> list[ReqState]:
+    def _submit(self, msgs: list[TokenizedGenerateReq], prep: PreparedRequest, pins: list[Optional[int]]
+                ) -> list[ReqState]:
+        """Register and send ``msgs``; ``pins[i]``: the replica for ``msgs[i]`` (None: routed)."""
         event = asyncio.Event()
         states = []
-        for m in msgs:
+        for m, pin in zip(msgs, pins):
             acc = ResponseAccumulator(m.rid, m.return_logprob, self.tokenizer, prep.return_text_in_logprobs)
             state = ReqState(m, acc, event, prep.created)
             self.states[m.rid] = state
             states.append(state)
-            if self.args.log_requests:  # user data: only when the operator asked (--log-requests)
+            if self.args.log_requests and not prep.no_logs:  # user data: only when the operator asked
+                state.logged = True
                 log_received(m, self.tokenizer)
-            self._to_scheduler.send(m)
+            state.dp_rank = self.dp.dispatch(m, pin)
         return states
 
     def abort(self, rid: str = "", abort_all: bool = False) -> None:
         """Abort requests whose rid starts with ``rid`` (or all); each ends with finish_reason abort."""
-        self._to_scheduler.send(AbortReq(rid=rid, abort_all=abort_all))
+        self.dp.abort(AbortReq(rid=rid, abort_all=abort_all))
 
     async def health_generate(self, timeout_s: float = 20.0) -> bool:
-        """Run a one-token request; True if it finished within ``timeout_s``."""
+        """Run a one-token request on every replica; True if all finished within ``timeout_s``."""
         params = SamplingParams(max_new_tokens=1, temperature=0.0)
-        msg = TokenizedGenerateReq(rid=f"HEALTH_CHECK_{uuid.uuid4().hex}", input_ids=[0], sampling_params=params)
-        prep = PreparedRequest([], [msg], False, False, time.monotonic())
+        base = f"HEALTH_CHECK_{uuid.uuid4().hex}"
 
         async def never() -> bool:
             return False
 
+        def prep(replica: int) -> PreparedRequest:
+            rid = base if self.dp.size == 1 else f"{base}_dp{replica}"
+            msg = TokenizedGenerateReq(rid=rid, input_ids=[0], sampling_params=params)
+            return PreparedRequest([], [msg], False, False, time.monotonic(), data_parallel_rank=replica)
+
         try:
-            await asyncio.wait_for(self.generate(prep, never), timeout_s)
+            await asyncio.wait_for(asyncio.gather(*(self.generate(prep(r), never) for r in range(self.dp.size))),
+                                   timeout_s)
         except (asyncio.TimeoutError, RequestError):
             return False
         return True
 
     # ---- control -------------------------------------------------------------------------------
     async def flush_cache(self, storage: bool = False) -> FlushCacheOut:
-        """Flush the device and host tiers, or (``storage``) the storage tier's files."""
-        return await self._control(FlushCacheReq(storage=storage), FlushCacheOut)  # type: ignore[return-value]
+        """Flush the device and host tiers, or (``storage``) the storage tier's files, of every
+        replica. Success only if every replica flushed; the message names the replicas that did not."""
+        outs: list[FlushCacheOut] = await self._control(FlushCacheReq(storage=storage), FlushCacheOut)  # type: ignore[assignment]
+        if not storage:
+            for replica, out in enumerate(outs):
+                if out.success:
+                    self.dp.policy.on_flush(replica)
+        if len(outs) == 1:
+            return outs[0]
+        failed = [f"replica {r}: {o.message}" for r, o in enumerate(outs) if not o.success]
+        if failed:
+            return FlushCacheOut(success=False, message="; ".join(failed))
+        return FlushCacheOut(success=True, message="; ".join(f"replica {r}: {o.message}" for r, o in enumerate(outs)
+                                                             if o.message))
 
-    async def internal_state(self) -> InternalState:
+    async def internal_states(self) -> list[InternalState]:
+        """Every replica's scheduler counters, in replica order."""
         return await self._control(GetInternalStateReq(), InternalState)  # type: ignore[return-value]
 
-    async def _control(self, msg: Message, reply_type: type) -> Message:
-        """Send a control message and await its reply (FIFO). Raises RequestError(503) on timeout."""
+    async def _control(self, msg: Message, reply_type: type) -> list[Message]:
+        """Send a control message to every replica and await their replies (FIFO per replica).
+        Raises RequestError(503) on timeout."""
         if self.dead is not None:
             raise RequestError(f"the server cannot serve requests: {self.dead}", 503)
-        fut: asyncio.Future = asyncio.get_running_loop().create_future()
-        self._pending_control.append((reply_type, fut))
-        self._to_scheduler.send(msg)
+        futures = self.dp.control(msg, reply_type)
         try:
-            # shield: on timeout the future stays queued, so the late reply is still matched to it.
-            return await asyncio.wait_for(asyncio.shield(fut), _CONTROL_TIMEOUT_S)
+            # shield: on timeout the futures stay queued, so late replies are still matched to them.
+            return list(await asyncio.wait_for(asyncio.shield(asyncio.gather(*futures)), _CONTROL_TIMEOUT_S))
         except asyncio.TimeoutError:
             raise RequestError("the scheduler did not answer in time", 503) from None
 
@@ -390,12 +436,6 @@ class TokenizerManager:
                 continue
             if isinstance(msg, BatchStrOut):
                 self._on_output(msg)
-            elif self._pending_control:
-                reply_type, fut = self._pending_control.popleft()
-                if not isinstance(msg, reply_type):
-                    logger.error("expected %s from the scheduler, got %s", reply_type.__name__, type(msg).__name__)
-                if not fut.done():
-                    fut.set_result(msg)
             else:
                 logger.warning("tokenizer manager: unexpected %s", type(msg).__name__)
 
@@ -403,6 +443,8 @@ class TokenizerManager:
         now = time.monotonic()
         t = out.token_out
         for i, rid in enumerate(t.rids):
+            if t.finished_reasons[i] is not None:
+                self.dp.on_finished(rid)
             state = self.states.get(rid)
             if state is None:
                 continue
@@ -413,7 +455,7 @@ class TokenizerManager:
             self._observe(state, len(t.output_ids[i]), now)
             if state.acc.finished:
                 del self.states[rid]
-                if self.args.log_requests:
+                if state.logged:
                     log_finished(rid, state.acc.result())
             state.event.set()
 
@@ -442,10 +484,7 @@ class TokenizerManager:
             state.error = reason
             state.event.set()
         self.states.clear()
-        while self._pending_control:
-            _, fut = self._pending_control.popleft()
-            if not fut.done():
-                fut.set_exception(RequestError(reason, 503))
+        self.dp.fail_pending(RequestError(reason, 503))
 
 
 def effective_timeout(requested: Optional[float], server: Optional[float]) -> Optional[float]:
@@ -453,3 +492,11 @@ def effective_timeout(requested: Optional[float], server: Optional[float]) -> Op
     ``--request-timeout`` where both are set; None for no limit."""
     limits = [t for t in (requested, server) if t is not None]
     return min(limits) if limits else None
+
+
+def _cache_aware_config(args: Any) -> CacheAwareConfig:
+    """The cache-aware policy's knobs from the ``--router-*`` flags."""
+    return CacheAwareConfig(cache_threshold=args.router_cache_threshold,
+                            balance_abs_threshold=args.router_balance_abs_threshold,
+                            balance_rel_threshold=args.router_balance_rel_threshold,
+                            max_tree_size=args.router_max_tree_size)

@@ -22,7 +22,7 @@ from radixlm.managers.validation import InvalidRequestError, validate_generate_i
 from radixlm.srt.model_config import ModelConfig
 from radixlm.srt.model_loader import load_tokenizer
 from radixlm.srt.sampling_params import SamplingParams, SamplingParamsError
-from radixlm.srt.server_args import ServerArgs
+from radixlm.srt.server_args import ServerArgs, ServerArgsError
 
 Prompt = Union[str, list[str], None]
 InputIds = Union[list[int], list[list[int]], None]
@@ -43,6 +43,9 @@ class Engine:
     def __init__(self, model_path: Optional[str] = None, **kwargs: Any):
         self.server_args = ServerArgs.from_kwargs(model_path=model_path, **kwargs)
         args = self.server_args
+        if args.dp_size > 1:  # replicas are processes; this engine drives one scheduler in the caller's thread
+            raise ServerArgsError(f"dp_size={args.dp_size}: data-parallel replicas need the server "
+                                  "(radixlm serve --dp-size N); the in-process Engine runs one replica")
         self.model_config = ModelConfig.from_path(args.model_path, dtype=args.dtype, context_length=args.context_length,
                                                   device=args.device, cache_dir=args.cache_dir)
         if args.cpu_threads is not None:  # only when asked: the process is the caller's

@@ -5,9 +5,12 @@ in through those arguments (no module-level state). Routes:
 
 - ``POST|PUT /generate``: ``GenerateReqInput`` -> response dict, list for a batch, or an SSE stream
   of cumulative dicts ending with ``data: [DONE]``.
-- ``GET /health`` (never needs the API key), ``GET /health_generate`` (a one-token request).
-- ``GET /get_model_info`` = ``/model_info``; ``GET /get_server_info`` = ``/server_info``.
-- ``GET|POST /flush_cache`` (400 while requests run; flushes the device and host KV tiers),
+- ``GET /health`` (never needs the API key), ``GET /health_generate`` (a one-token request on every
+  replica).
+- ``GET /get_model_info`` = ``/model_info``; ``GET /get_server_info`` = ``/server_info`` (one
+  ``internal_states`` entry per ``--dp-size`` replica, ``internal_state`` their sum); ``GET /get_load``.
+- ``GET|POST /flush_cache`` (400 while requests run; flushes the device and host KV tiers of every
+  replica),
   ``GET|POST /clear_hicache_storage_backend`` (deletes the storage tier's files; 400 without one),
   ``POST /abort_request``, ``GET /metrics``.
 
@@ -24,7 +27,7 @@ from __future__ import annotations
 
 import hmac
 import logging
-from typing import Any, Optional, Union
+from typing import Any, Literal, Optional, Union
 
 import msgspec
 from fastapi import FastAPI, Request
@@ -33,6 +36,7 @@ from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from radixlm.managers.data_parallel_controller import merge_internal_states
 from radixlm.managers.tokenizer_manager import ClientDisconnected, GenerateRequest, RequestError, TokenizerManager
 from radixlm.managers.validation import InvalidRequestError
 from radixlm.srt.errors import native_error_body
@@ -44,10 +48,12 @@ from radixlm.srt.openai_api.router import create_openai_router
 logger = logging.getLogger(__name__)
 
 # SGLang request fields we accept only when unset (null / false / empty), so SGLang's clients that
-# send them with default values keep working; a real value is a 400 naming the field.
+# send them with default values keep working; a real value is a 400 naming the field. SGLang's router
+# (sglang-router) re-serializes every /generate body with ``log_metrics: true`` and ``background``,
+# ``return_bytes``, ``return_entropy``, ``return_hidden_states`` false.
 _UNSUPPORTED_FIELDS = ("input_embeds", "image_data", "video_data", "audio_data", "lora_path", "session_params",
                        "return_hidden_states", "custom_logit_processor", "token_ids_logprob", "modalities",
-                       "priority", "extra_key", "log_metrics", "data_parallel_rank", "return_entropy",
+                       "priority", "extra_key", "return_entropy", "background", "return_bytes",
                        "bootstrap_host", "bootstrap_port", "bootstrap_room", "require_reasoning", "stream_output")
 
 
@@ -62,6 +68,8 @@ class GenerateReqInput(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
+    # ``model`` (sent by SGLang's router, null there): this server serves one model, so any name is that one.
+    model: Optional[str] = None
     text: Optional[Union[str, list[str]]] = None
     input_ids: Optional[Union[list[int], list[list[int]]]] = None
     sampling_params: Optional[Union[dict[str, Any], list[Optional[dict[str, Any]]]]] = None
@@ -86,14 +94,20 @@ class GenerateReqInput(BaseModel):
     modalities: Any = None
     priority: Any = None
     extra_key: Any = None
-    log_metrics: Any = None
-    data_parallel_rank: Any = None
+    # SGLang's default (true): the request counts in /metrics, as every request does here.
+    log_metrics: Optional[Literal[True]] = None
+    # Keep this request out of the --log-requests log (SGLang's field).
+    no_logs: Optional[bool] = None
+    # The --dp-size replica to run on (SGLang's field; its router's dp-aware mode sends it). None: routed.
+    data_parallel_rank: Optional[int] = Field(default=None, ge=0)
     return_entropy: Any = None
     bootstrap_host: Any = None
     bootstrap_port: Any = None
     bootstrap_room: Any = None
     require_reasoning: Any = None
     stream_output: Any = None
+    background: Any = None
+    return_bytes: Any = None
 
     @model_validator(mode="after")
     def _check(self) -> "GenerateReqInput":
@@ -141,6 +155,8 @@ class GenerateReqInput(BaseModel):
             stream=bool(self.stream),
             is_batch=is_batch,
             timeout=self.timeout,
+            data_parallel_rank=self.data_parallel_rank,
+            no_logs=bool(self.no_logs),
         )
 
 
@@ -297,12 +313,23 @@ def create_app(tm: TokenizerManager, server_args: Any, model_info: dict, metrics
     @app.get("/get_server_info")
     @app.get("/server_info")
     async def get_server_info() -> Response:
-        state = await tm.internal_state()
-        state_dict = msgspec.structs.asdict(state)
-        return json_response({**server_args.to_dict(), "max_total_num_tokens": state.max_total_num_tokens,
+        states = await tm.internal_states()
+        total = merge_internal_states(states)  # one replica: its own state
+        # One entry per data-parallel replica (SGLang's shape), with the router's view of it.
+        per_replica = [{**msgspec.structs.asdict(s), **stats} for s, stats in zip(states, tm.dp.replica_stats())]
+        return json_response({**server_args.to_dict(), "max_total_num_tokens": total.max_total_num_tokens,
                               "version": version, "model_dtype": model_info.get("dtype"), "cpu": cpu,
-                              "internal_states": [state_dict],
-                              "internal_state": state_dict})  # the offline Engine's key
+                              "internal_states": per_replica,
+                              "internal_state": msgspec.structs.asdict(total)})  # the offline Engine's key
+
+    @app.get("/get_load")
+    async def get_load() -> Response:
+        """SGLang's per-replica load (what its router's load monitor reads): requests held
+        (running + waiting), waiting requests, and KV tokens held by requests."""
+        return json_response([{"dp_rank": r, "num_reqs": s.num_running_reqs + s.num_waiting_reqs,
+                               "num_waiting_reqs": s.num_waiting_reqs,
+                               "num_tokens": s.max_total_num_tokens - s.available_size - s.evictable_size}
+                              for r, s in enumerate(await tm.internal_states())])
 
     @app.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache() -> Response:
@@ -329,14 +356,15 @@ def create_app(tm: TokenizerManager, server_args: Any, model_info: dict, metrics
     @app.get("/metrics")
     async def get_metrics() -> Response:
         try:
-            metrics.set_scheduler_state(await tm.internal_state())
+            metrics.set_scheduler_states(await tm.internal_states(), tm.dp.replica_stats())
         except RequestError:
             pass  # serve the counters we have
         return Response(metrics.render(), media_type=metrics.content_type)
 
     app.include_router(create_openai_router(tm, server_args, model_info, tm.tokenizer))
     install_openapi(app, context_len=int(model_info.get("context_length") or tm.context_len),
-                    vocab_size=getattr(tm, "vocab_size", None), api_key=bool(server_args.api_key))
+                    vocab_size=getattr(tm, "vocab_size", None), api_key=bool(server_args.api_key),
+                    dp_size=server_args.dp_size)
     return app
 
 

@@ -137,15 +137,16 @@ def _start_children(args: ServerArgs, resolved: str, paths: Any) -> list[_Child]
     from radixlm.managers.scheduler_process import run_scheduler_process
 
     from radixlm.srt.cpu_runtime import openmp_env
+    from radixlm.srt.dp_launch import scheduler_specs
 
     ctx = multiprocessing.get_context("spawn")
     # Spawned children inherit the environment; OpenMP reads it when torch loads there.
     os.environ.update(openmp_env())
     child_args = dataclasses.replace(args, model_path=resolved)
     specs = [("detokenizer", run_detokenizer_process, (args.tokenizer_path or resolved, paths))]
-    # One scheduler per tensor-parallel rank; rank 0 owns the sockets (DESIGN.md section 2).
-    specs += [("scheduler" if rank == 0 else f"scheduler-tp{rank}", run_scheduler_process, (child_args, paths, rank))
-              for rank in range(args.tp_size)]
+    # One scheduler per tensor-parallel rank of each data-parallel replica; rank 0 of a replica owns
+    # its sockets (DESIGN.md section 2).
+    specs += scheduler_specs(child_args, paths, run_scheduler_process)
     children = []
     for name, target, target_args in specs:
         reader, writer = ctx.Pipe(duplex=False)
@@ -205,7 +206,7 @@ async def _serve(args: ServerArgs, children: list[_Child], tokenizer: Any, model
                   # The Jinja chat template the server renders /v1/chat/completions with (None if the
                   # model has none), so remote frontends format roles the same way.
                   "chat_template": _chat_template_text(args, tokenizer)}
-    metrics = ServerMetrics(str(model_info["served_model_name"]))
+    metrics = ServerMetrics(str(model_info["served_model_name"]), dp_size=args.dp_size)
     tm = TokenizerManager(args, tokenizer, model_config.vocab_size, model_config.context_len, paths, metrics)
     tm.start()
     app = create_app(tm, args, model_info, metrics, __version__)

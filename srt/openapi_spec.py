@@ -76,11 +76,13 @@ _COMPLETION_ERRORS = (400, 413, 503)
 OPERATIONS: dict[str, dict[str, Operation]] = {
     "/generate": {"post": _GENERATE, "put": _GENERATE},
     "/health": {"get": Operation("200 while the scheduler is alive (never needs the API key)", errors=(503,))},
-    "/health_generate": {"get": Operation("200 once a one-token request finished", errors=(503,))},
+    "/health_generate": {"get": Operation("200 once a one-token request finished on every replica", errors=(503,))},
     "/get_model_info": {"get": _MODEL_INFO},
     "/model_info": {"get": _MODEL_INFO},
     "/get_server_info": {"get": _SERVER_INFO},
     "/server_info": {"get": _SERVER_INFO},
+    "/get_load": {"get": Operation("Per-replica load: requests held, waiting, KV tokens held (SGLang's shape)",
+                                   ok={JSON: {"type": "array", "items": {"type": "object"}}}, errors=(503,))},
     "/flush_cache": {"get": _FLUSH, "post": _FLUSH},
     "/clear_hicache_storage_backend": {"get": _CLEAR_STORAGE, "post": _CLEAR_STORAGE},
     "/abort_request": {"post": Operation("Abort requests by rid prefix, or all", "AbortRequest", errors=(400, 413))},
@@ -175,7 +177,7 @@ def _native_schemas() -> dict:
     return {"GenerateResponse": response, "ServerInfo": server_info}
 
 
-def _model_schemas(context_len: int, vocab_size: Optional[int]) -> dict:
+def _model_schemas(context_len: int, vocab_size: Optional[int], dp_size: int = 1) -> dict:
     """Request and response models (pydantic), ``GenerateRequest`` with typed ``sampling_params``."""
     from radixlm.srt.http_server import AbortReqInput, GenerateReqInput  # the app module imports this one
 
@@ -193,6 +195,9 @@ def _model_schemas(context_len: int, vocab_size: Optional[int]) -> dict:
     generate["properties"]["sampling_params"] = {"anyOf": [sampling, {"type": "array", "items": {
         "anyOf": [sampling, {"type": "null"}]}}, {"type": "null"}]}
     given = {"not": {"type": "null"}}
+    # the replicas of this server (SGLang's field; pydantic only knows ">= 0")
+    generate["properties"]["data_parallel_rank"] = {"anyOf": [{"type": "integer", "minimum": 0, "maximum": dp_size - 1},
+                                                              {"type": "null"}]}
     generate["oneOf"] = [{"required": [field], "properties": {field: given}} for field in ("text", "input_ids")]
     generate["description"] += "\n\nExactly one of text and input_ids (not null)."
     schemas["GenerateRequest"] = generate
@@ -215,13 +220,13 @@ def _responses(op: Operation, needs_key: bool) -> dict:
     return responses
 
 
-def build_openapi(app: FastAPI, context_len: int, vocab_size: Optional[int], api_key: bool) -> dict:
+def build_openapi(app: FastAPI, context_len: int, vocab_size: Optional[int], api_key: bool, dp_size: int = 1) -> dict:
     """The complete document. Raises ``KeyError`` naming a route that ``OPERATIONS`` lacks."""
     with warnings.catch_warnings():  # one FastAPI route per multi-method path: its operation ids repeat (replaced below)
         warnings.filterwarnings("ignore", "Duplicate Operation ID", UserWarning)
         spec = get_openapi(title=app.title, version=app.version, routes=app.routes)
     components = spec.setdefault("components", {})
-    components["schemas"] = {**_model_schemas(context_len, vocab_size), **_error_schemas(), **_native_schemas()}
+    components["schemas"] = {**_model_schemas(context_len, vocab_size, dp_size), **_error_schemas(), **_native_schemas()}
     for path, methods in spec["paths"].items():
         for method, generated in methods.items():
             try:
@@ -243,12 +248,12 @@ def build_openapi(app: FastAPI, context_len: int, vocab_size: Optional[int], api
     return spec
 
 
-def install_openapi(app: FastAPI, context_len: int, vocab_size: Optional[int], api_key: bool) -> None:
+def install_openapi(app: FastAPI, context_len: int, vocab_size: Optional[int], api_key: bool, dp_size: int = 1) -> None:
     """Serve ``build_openapi``'s document at ``/openapi.json`` (built on first use, then cached)."""
 
     def openapi() -> dict:
         if app.openapi_schema is None:
-            app.openapi_schema = build_openapi(app, context_len, vocab_size, api_key)
+            app.openapi_schema = build_openapi(app, context_len, vocab_size, api_key, dp_size)
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]

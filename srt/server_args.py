@@ -26,6 +26,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 HICACHE_WRITE_POLICIES = ("write_through", "write_back")
 HICACHE_STORAGE_BACKENDS = ("file",)
 SPECULATIVE_ALGORITHMS = ("NGRAM",)
+LOAD_BALANCE_METHODS = ("cache_aware", "round_robin", "shortest_queue")  # managers/load_balance
 
 
 class ServerArgsError(ValueError):
@@ -64,7 +65,24 @@ class ServerArgs:
     tp_size: int = field(default=1, metadata={"help": "tensor-parallel ranks"})
     cpu_threads: Optional[int] = field(default=None, metadata={"help": (
         "intra-op CPU threads per scheduler rank (default: OMP_NUM_THREADS, else the available cores "
-        "split between the TP ranks)")})
+        "split between the TP ranks of all --dp-size replicas)")})
+    # ---- data parallelism (managers/data_parallel_controller.py, managers/load_balance/) ----
+    dp_size: int = field(default=1, metadata={"help": (
+        "data-parallel replicas: N scheduler process groups (each --tp-size ranks) with their own model copy, "
+        "KV pool and radix cache behind this one server; the CPU cores are split between them")})
+    load_balance_method: str = field(default="cache_aware", metadata={"help": (
+        "how requests are spread over the --dp-size replicas: cache_aware (the replica whose approximate "
+        "prefix tree matches the prompt best, else the least loaded; SGLang router's algorithm), round_robin, "
+        "shortest_queue (fewest unfinished requests)")})
+    router_cache_threshold: float = field(default=0.3, metadata={"help": (
+        "cache_aware: follow the prefix match when it covers more than this fraction of the prompt (0..1)")})
+    router_balance_abs_threshold: int = field(default=64, metadata={"help": (
+        "cache_aware: loads count as imbalanced (the least loaded replica then gets the request) when "
+        "max - min exceeds this many requests and max > min * --router-balance-rel-threshold")})
+    router_balance_rel_threshold: float = field(default=1.5, metadata={"help": "cache_aware: see --router-balance-abs-threshold (>= 1)"})
+    router_max_tree_size: Optional[int] = field(default=None, metadata={"help": (
+        "cache_aware: tokens per replica in the approximate prefix tree, least recently routed prefixes "
+        "pruned first (default: the replica's KV pool size, --max-total-tokens)")})
     page_size: int = field(default=1, metadata={"help": "tokens per KV page (power of two)"})
     max_total_tokens: Optional[int] = field(default=None, metadata={"help": "KV pool size in tokens (default: from --mem-fraction-static)"})
     mem_fraction_static: float = field(default=0.1, metadata={"help": "fraction of (CPU or GPU) memory for weights + KV pool"})
@@ -154,6 +172,7 @@ class ServerArgs:
             choice("hicache_storage_backend", HICACHE_STORAGE_BACKENDS)
         self._validate_hicache()
         self._validate_deterministic()
+        self._validate_dp()
         if self.page_size < 1 or self.page_size & (self.page_size - 1):
             raise ServerArgsError(f"--page-size must be a power of two, got {self.page_size}")
         if self.cpu_threads is not None and self.cpu_threads < 1:
@@ -258,6 +277,21 @@ class ServerArgs:
                                       f"got {v!r}")
             values[keys[k]] = float(v)
         return PrefetchPolicy(name, **values)
+
+    def _validate_dp(self) -> None:
+        if self.load_balance_method not in LOAD_BALANCE_METHODS:
+            raise ServerArgsError(f"--load-balance-method must be one of {', '.join(LOAD_BALANCE_METHODS)}, "
+                                  f"got {self.load_balance_method!r}")
+        if self.dp_size < 1:
+            raise ServerArgsError(f"--dp-size must be >= 1, got {self.dp_size}")
+        if not 0 <= self.router_cache_threshold <= 1:
+            raise ServerArgsError(f"--router-cache-threshold must be in [0, 1], got {self.router_cache_threshold}")
+        if self.router_balance_abs_threshold < 0:
+            raise ServerArgsError(f"--router-balance-abs-threshold must be >= 0, got {self.router_balance_abs_threshold}")
+        if not 1 <= self.router_balance_rel_threshold < float("inf"):
+            raise ServerArgsError(f"--router-balance-rel-threshold must be >= 1, got {self.router_balance_rel_threshold}")
+        if self.router_max_tree_size is not None and self.router_max_tree_size < 1:
+            raise ServerArgsError(f"--router-max-tree-size must be >= 1, got {self.router_max_tree_size}")
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> "ServerArgs":

@@ -29,7 +29,8 @@ def _modules_after_import(module: str) -> set[str]:
     return set(proc.stdout.split())
 
 
-@pytest.mark.parametrize("module", ["radixlm", "radixlm.radix_cache", "radixlm.lang"])
+@pytest.mark.parametrize("module", ["radixlm", "radixlm.radix_cache", "radixlm.radix_cache.approx_tree", "radixlm.lang",
+                                    "radixlm.managers.load_balance"])
 def test_import_does_not_pull_torch(module: str) -> None:
     modules = _modules_after_import(module)
     assert module in modules

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from radixlm.srt.errors import error_type
 
@@ -95,6 +95,15 @@ class _SamplingRequest(_Strict):
     # Seconds (> 0) the request may take; then it ends with finish_reason "abort" (partial output
     # kept). The server's --request-timeout caps it.
     timeout: Optional[float] = Field(default=None, gt=0, allow_inf_nan=False)
+    # SGLang's; its router sends false on every request. Hidden states are never returned here.
+    return_hidden_states: Optional[bool] = None
+
+    @field_validator("return_hidden_states")
+    @classmethod
+    def _no_hidden_states(cls, value: Optional[bool]) -> Optional[bool]:
+        if value:
+            raise ValueError("hidden states are not returned by this server")
+        return value
 
 
 # ---- completions ------------------------------------------------------------------------------------
@@ -243,6 +252,15 @@ class ChatCompletionRequest(_SamplingRequest):
     web_search_options: Optional[dict[str, Any]] = None
     continue_final_message: Optional[bool] = None
     chat_template_kwargs: Optional[dict[str, Any]] = None
+    # SGLang's (default true, what its router sends): reasoning_content is streamed as it is generated.
+    stream_reasoning: Optional[bool] = None
+
+    @field_validator("stream_reasoning")
+    @classmethod
+    def _reasoning_streams(cls, value: Optional[bool]) -> Optional[bool]:
+        if value is False:
+            raise ValueError("stream_reasoning: false is not supported (reasoning is streamed as it is generated)")
+        return value
 
 
 class TopLogprob(BaseModel):

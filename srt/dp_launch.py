@@ -1,0 +1,39 @@
+"""What the launcher starts for ``--dp-size N``: N scheduler process groups (replicas), each of
+``--tp-size`` ranks, named so a log line or a death notice says which replica it is.
+
+Replica ``k`` gets its own sockets (``IpcPaths.for_dp_rank``); rank 0 of each replica owns them, as
+rank 0 of a lone TP group does. CPU threads: without ``--cpu-threads`` (or ``OMP_NUM_THREADS``) the
+available cores are split between all ``N * tp_size`` scheduler ranks, so replicas do not
+oversubscribe the cores (each OpenMP region would then wait for a descheduled thread).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+from radixlm.srt.server_args import ServerArgs
+
+
+def scheduler_name(dp_rank: int, tp_rank: int, dp_size: int) -> str:
+    """``scheduler`` / ``scheduler-tp1`` with one replica; ``scheduler-dp1`` / ``scheduler-dp1-tp1``
+    (replica 1, TP rank 1) with several."""
+    name = "scheduler" if dp_size == 1 else f"scheduler-dp{dp_rank}"
+    return name if tp_rank == 0 else f"{name}-tp{tp_rank}"
+
+
+def scheduler_specs(args: ServerArgs, paths: Any, target: Callable[..., None]
+                    ) -> list[tuple[str, Callable[..., None], tuple]]:
+    """``(name, target, target_args)`` of every scheduler process: ``target(args, replica_paths, tp_rank)``
+    (the launcher appends the ready pipe). ``args`` has the resolved model path; ``cpu_threads`` is
+    set per rank here when the user left it to us."""
+    from radixlm.srt.cpu_runtime import cpu_threads
+
+    if args.dp_size > 1:
+        args = dataclasses.replace(args, cpu_threads=cpu_threads(args.cpu_threads, args.tp_size * args.dp_size))
+    specs = []
+    for dp_rank in range(args.dp_size):
+        replica_paths = paths.for_dp_rank(dp_rank, args.dp_size)
+        specs += [(scheduler_name(dp_rank, tp_rank, args.dp_size), target, (args, replica_paths, tp_rank))
+                  for tp_rank in range(args.tp_size)]
+    return specs
