@@ -1,4 +1,4 @@
-"""radixlm's C++ CPU kernels (``kernels/{attention,elementwise}/cpu/*.cpp``), compiled on first use.
+"""radixlm's C++ CPU kernels (``kernels/{attention,elementwise,quant}/cpu/*.cpp``), compiled on first use.
 
 The sources are built with ``torch.utils.cpp_extension.load`` (ninja + the system C++ compiler)
 into ``$RADIXLM_KERNEL_CACHE`` (default ``~/.cache/radixlm/kernels``), in a folder per torch
@@ -21,8 +21,9 @@ from typing import Optional
 logger = logging.getLogger(__name__)
 
 SOURCES = [Path(__file__).parent / "attention" / "cpu" / "paged_attention.cpp",
-           Path(__file__).parent / "elementwise" / "cpu" / "elementwise.cpp"]
-OPS = ("paged_attention", "add_rms_norm_", "rope", "silu_and_mul")
+           Path(__file__).parent / "elementwise" / "cpu" / "elementwise.cpp",
+           Path(__file__).parent / "quant" / "cpu" / "quant_gemm.cpp"]
+OPS = ("paged_attention", "add_rms_norm_", "rope", "silu_and_mul", "quant_linear", "quant_dequantize")
 _CAPABILITY_FLAGS = {
     "AVX512": ["-DCPU_CAPABILITY=AVX512", "-DCPU_CAPABILITY_AVX512", "-mavx512f", "-mavx512bw", "-mavx512vl",
                "-mavx512dq", "-mfma", "-mf16c"],
