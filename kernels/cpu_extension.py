@@ -2,7 +2,7 @@
 
 The sources are built with ``torch.utils.cpp_extension.load`` (ninja + the system C++ compiler)
 into ``$RADIXLM_KERNEL_CACHE`` (default ``~/.cache/radixlm/kernels``), in a folder per torch
-version and CPU capability, and registered as ``torch.ops.radixlm_cpu.*``. The first build takes
+version, CPU capability and digest of the sources, and registered as ``torch.ops.radixlm_cpu.*``. The first build takes
 ~20 s on 2 cores; later processes load the cached library (torch rebuilds it when a source changes;
 its file lock makes concurrent first builds, e.g. of several TP ranks, safe).
 
@@ -13,6 +13,7 @@ AVX-512 or AVX2 via ATen's ``at::vec`` (the ``CPU_CAPABILITY_*`` macros), else s
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import os
 from pathlib import Path
@@ -44,6 +45,15 @@ def _capability() -> str:
     return cap if cap in _CAPABILITY_FLAGS else "DEFAULT"
 
 
+def _sources_digest() -> str:
+    """12 hex digits of the sources' content: checkouts with different kernel sources (two versions
+    installed side by side) build into different folders instead of rebuilding one in turn."""
+    digest = hashlib.sha256()
+    for source in SOURCES:
+        digest.update(source.name.encode() + b"\0" + source.read_bytes())
+    return digest.hexdigest()[:12]
+
+
 @functools.lru_cache(maxsize=None)
 def load_cpu_kernels() -> None:
     """Build (once per machine) and load the kernels into ``torch.ops.radixlm_cpu``.
@@ -57,7 +67,7 @@ def load_cpu_kernels() -> None:
 
     cap = _capability()
     cache = Path(os.environ.get("RADIXLM_KERNEL_CACHE") or Path.home() / ".cache" / "radixlm" / "kernels")
-    build_dir = cache / f"torch{torch.__version__.split('+')[0]}-{cap.lower()}"
+    build_dir = cache / f"torch{torch.__version__.split('+')[0]}-{cap.lower()}-{_sources_digest()}"
     try:
         build_dir.mkdir(parents=True, exist_ok=True)
         # -ffp-contract=off: no fused multiply-adds the source does not ask for, so the elementwise

@@ -25,6 +25,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 HICACHE_WRITE_POLICIES = ("write_through", "write_back")
 HICACHE_STORAGE_BACKENDS = ("file",)
 SPECULATIVE_ALGORITHMS = ("NGRAM",)
+QUANTIZATION_METHODS = ("none", "int8", "gguf")
 
 
 class ServerArgsError(ValueError):
@@ -95,6 +96,10 @@ class ServerArgs:
     gemm_backend: str = field(default="auto", metadata={"help": (
         "linear layers: auto|torch_native|onednn; auto = onednn (weights prepacked once into oneDNN's "
         "blocked layout) on a CPU where oneDNN supports the dtype, else torch_native (F.linear)")})
+    quantization: Optional[str] = field(default=None, metadata={"help": (
+        "weights kept quantized (CPU): none (float, the reference) | int8 (any model: linear weights quantized at "
+        "load, per output channel) | gguf (a GGUF model keeps its Q8_0/Q4_0/Q4_1 blocks as they are); default: "
+        "gguf for a .gguf model path (the demo model included), else none")})
     elementwise_backend: str = field(default="auto", metadata={"help": (
         "RMSNorm + residual add, RoPE, SiLU-and-mul: auto|torch_native|cpu; auto = cpu (fused C++ kernels, "
         "compiled on first use) on CPU, else torch_native (the reference torch ops)")})
@@ -131,6 +136,8 @@ class ServerArgs:
         choice("grammar_backend", GRAMMAR_BACKENDS)
         choice("device", DEVICES)
         choice("dtype", DTYPES)
+        if self.quantization is not None:
+            choice("quantization", QUANTIZATION_METHODS)
         if self.tool_call_parser is not None:
             choice("tool_call_parser", tuple(TOOL_CALL_PARSERS))
         if self.reasoning_parser is not None:
