@@ -5,8 +5,12 @@ the layer's weight into the packed uint8 rows of ``formats.py`` — quantizing t
 (``int8``), or handing over blocks read from a GGUF file (``packed=``) — and ``linear`` multiplies:
 
 - M (rows of x) up to ``SMALL_M``: ``torch.ops.radixlm_cpu.quant_linear``, which streams each weight
-  block once for all M rows with 8-bit activations and integer dot products (llama.cpp's scheme; see
-  ``cpu/quant_gemm.cpp``). This is decode, where reading the weights is the cost.
+  block once for all M rows, unpacking it in registers (see ``cpu/quant_gemm.cpp``). This is decode,
+  where reading the weights is the cost. With ``int8_activations`` (the default) x is quantized to
+  8 bits per block of 32 and the block dot products are integer (llama.cpp's scheme, the fastest on
+  AVX2); without, the weights are unpacked to fp32 and dotted with fp32 x (exact up to fp32 rounding,
+  ~1.4x the time of a 4-bit linear on one AVX2 core). The LM head runs without: its logits pick the
+  token, and it costs ~5 % more there (docs/benchmarks.md).
 - larger M (prefill): the weight dequantized to fp32 (``quant_dequantize``) and the fp32 GEMM, which
   is compute-bound there and exact for the dequantized weight.
 
@@ -24,9 +28,9 @@ from radixlm.kernels.cpu_extension import load_cpu_kernels
 from radixlm.kernels.gemm.base import GemmBackend
 from radixlm.kernels.quant.formats import get_format, quantize_int8
 
-# Rows of x up to which the integer decode kernel runs; beyond it dequantize + fp32 GEMM is faster
+# Rows of x up to which the decode kernel runs; beyond it dequantize + fp32 GEMM is as fast or faster
 # (benchmarks/bench_quant_gemm.py; docs/benchmarks.md, "Quantized weights").
-SMALL_M = 16
+SMALL_M = 64
 
 
 class QuantGemm(GemmBackend):
@@ -37,12 +41,14 @@ class QuantGemm(GemmBackend):
         in_features: K, a multiple of 32 (ValueError otherwise).
         packed: the packed (out, row_bytes) uint8 weight when it comes from a file; ``prepare`` then
             returns it instead of quantizing (only ``int8`` quantizes a float weight here).
+        int8_activations: the decode kernel's activations in 8 bits (True) or fp32 (False).
 
     Raises:
         CpuKernelsUnavailable: the C++ CPU kernels cannot be built here.
     """
 
-    def __init__(self, fmt: str, in_features: int, packed: Optional[torch.Tensor] = None):
+    def __init__(self, fmt: str, in_features: int, packed: Optional[torch.Tensor] = None,
+                 int8_activations: bool = True):
         self.format = get_format(fmt)
         self.in_features = in_features
         self.row_bytes = self.format.row_bytes(in_features)
@@ -50,6 +56,7 @@ class QuantGemm(GemmBackend):
             raise ValueError(f"a {fmt} weight of in_features {in_features} has rows of {self.row_bytes} bytes, "
                              f"got {packed.dtype} {tuple(packed.shape)}")
         self._packed = packed
+        self.int8_activations = int8_activations
         self.name = f"quant_{fmt}"
         load_cpu_kernels()
         self._linear = torch.ops.radixlm_cpu.quant_linear
@@ -78,7 +85,7 @@ class QuantGemm(GemmBackend):
         x2 = x.reshape(-1, x.shape[-1])
         xf = x2 if x2.dtype == torch.float32 else x2.float()
         if xf.shape[0] <= SMALL_M:
-            y = self._linear(xf, weight, self.format.code, self.in_features)
+            y = self._linear(xf, weight, self.format.code, self.in_features, self.int8_activations)
             if bias is not None:
                 y = y + bias.float()
         else:

@@ -7,14 +7,17 @@
   the file's blocks as they are (``gguf_blocks.py``); other types (F32, F16, K-quants...) stay the
   float weights the file was converted to.
 - default (``None``, "auto"): ``gguf`` when the model path is a GGUF file (the demo model included),
-  else ``none``.
+  else ``none`` (also for the fp32 folder a GGUF was converted to, which HF-equality tests load; an
+  explicit ``gguf`` finds the file from that folder).
 
 ``plan_quantization`` returns the GEMM backend of each quantized layer; the model runner hands every
-other layer its usual backend. Embedding tables stay float (a lookup reads a few rows).
+other layer its usual backend. Embedding tables stay float (a lookup reads a few rows). The decode
+kernel quantizes activations to 8 bits except in the LM head (kernels/quant/gemm.py).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections import Counter
@@ -27,6 +30,8 @@ from torch import nn
 
 from radixlm.kernels.gemm.base import GemmBackend
 from radixlm.srt.server_args import QUANTIZATION_METHODS
+
+PROVENANCE_FILE = "radixlm_gguf_source.json"  # written by model_loader next to a converted GGUF
 logger = logging.getLogger(__name__)
 
 
@@ -40,8 +45,10 @@ class QuantizationPlan:
     layers: dict[str, int] = field(default_factory=dict)
 
 
-def gguf_source(model_path: Optional[str]) -> Optional[Path]:
+def gguf_source(model_path: Optional[str], converted: bool = False) -> Optional[Path]:
     """The GGUF file a model path names (``None``: the demo model's), or None when it is not a GGUF.
+    With ``converted``, also the source of a folder radixlm converted from a GGUF (its
+    ``radixlm_gguf_source.json``; the server hands its scheduler the converted folder).
 
     Raises:
         ModelLoadError: the demo model is asked for but not installed.
@@ -57,6 +64,10 @@ def gguf_source(model_path: Optional[str]) -> Optional[Path]:
         ggufs = sorted(path.glob("*.gguf"))
         if len(ggufs) == 1:
             return ggufs[0].resolve()
+    provenance = path / PROVENANCE_FILE
+    if converted and provenance.is_file():
+        source = Path(json.loads(provenance.read_text())["source"])
+        return source if source.is_file() else None
     return None
 
 
@@ -83,7 +94,7 @@ def resolve_quantization(method: Optional[str], model_path: Optional[str], devic
     if method != "none" and device.type != "cpu":
         raise ValueError(f"--quantization {method} runs on CPU only (its kernels are C++ CPU kernels); "
                          f"got --device {device.type}")
-    if method == "gguf" and gguf_source(model_path) is None:
+    if method == "gguf" and gguf_source(model_path, converted=True) is None:
         raise ValueError(f"--quantization gguf keeps a GGUF file's blocks, but the model path {model_path!r} "
                          "is not a .gguf file; use --quantization int8 for other models")
     return method
@@ -102,7 +113,7 @@ def plan_quantization(model: nn.Module, method: str, model_path: Optional[str], 
     elif method == "gguf":
         from radixlm.srt.quantization.gguf_blocks import plan_gguf
 
-        plan_gguf(model, gguf_source(model_path), tp, plan)
+        plan_gguf(model, gguf_source(model_path, converted=True), tp, plan)
     if method != "none":
         logger.info("quantization %s: linear layers per format %s", method, plan.layers)
     return plan
@@ -122,6 +133,6 @@ def _plan_int8(model: nn.Module, plan: QuantizationPlan) -> None:
         if in_features % 32:
             counts["dense"] += 1
             continue
-        plan.backends[layer] = QuantGemm("int8", in_features)
+        plan.backends[layer] = QuantGemm("int8", in_features, int8_activations=layer is not getattr(model, "lm_head", None))
         counts["int8"] += 1
     plan.layers = dict(counts)

@@ -80,40 +80,47 @@ def test_decode_kernel_equals_dequantized_matmul(fmt, m):
     packed = _pack(fmt, w)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(100 + m))
     x[0, :32] = 0  # an all-zero activation block (d = 0)
-    y = _ops().quant_linear(x, packed, get_format(fmt).code, k)
+    code = get_format(fmt).code
     wd = dequantize_reference(packed, fmt, k)
-    exact = F.linear(quantize_activations_reference(x), wd)
-    assert y.shape == (m, n) and y.dtype == torch.float32
-    torch.testing.assert_close(y, exact, rtol=1e-5, atol=1e-4)
-    # against the fp32 activations: only the 8-bit activation rounding (relative to the output scale)
     full = F.linear(x, wd)
+    # 8-bit activations: exact for the rounded activations ...
+    y = _ops().quant_linear(x, packed, code, k, True)
+    assert y.shape == (m, n) and y.dtype == torch.float32
+    torch.testing.assert_close(y, F.linear(quantize_activations_reference(x), wd), rtol=1e-5, atol=1e-4)
+    # ... and against the fp32 activations only the 8-bit activation rounding (relative to the output scale)
     assert (y - full).abs().max() <= 0.02 * full.abs().max()
     assert (y - full).norm() <= 0.01 * full.norm()
+    assert (y - full).abs().max() > 1e-4  # it is there: the two kernels differ
+    # fp32 activations: dequantize(W) @ x up to fp32 rounding
+    yf = _ops().quant_linear(x, packed, code, k, False)
+    torch.testing.assert_close(yf, full, rtol=1e-5, atol=1e-4)
 
 
 @pytest.mark.parametrize("fmt", list(FORMATS))
-def test_quant_gemm_backend_both_paths(fmt):
+@pytest.mark.parametrize("int8_activations", [True, False])
+def test_quant_gemm_backend_both_paths(fmt, int8_activations):
     k, n = 96, 40
     w = _weight(n, k, 7)
-    backend = QuantGemm(fmt, k, None if fmt == "int8" else _pack(fmt, w))
+    backend = QuantGemm(fmt, k, None if fmt == "int8" else _pack(fmt, w), int8_activations)
+    rounded = quantize_activations_reference if int8_activations else (lambda t: t)
     packed = backend.prepare(w)
     assert packed.dtype == torch.uint8 and packed.numel() == n * get_format(fmt).row_bytes(k)
     assert backend.prepare(packed) is packed  # preparing twice is a no-op
     wd = backend.dequantize(packed)
     bias = torch.randn(n)
-    for m in (1, quant_gemm.SMALL_M, quant_gemm.SMALL_M + 1, 64):
+    for m in (1, quant_gemm.SMALL_M // 2, quant_gemm.SMALL_M // 2 + 1, quant_gemm.SMALL_M):
         x = torch.randn(2, m, k)  # leading dims kept
         y = backend.linear(x, packed, bias)
         assert y.shape == (2, m, n)
         if 2 * m <= quant_gemm.SMALL_M:
-            ref = F.linear(quantize_activations_reference(x.reshape(-1, k)), wd, bias).view(2, m, n)
+            ref = F.linear(rounded(x.reshape(-1, k)), wd, bias).view(2, m, n)
         else:  # prefill: dequantize + fp32 GEMM, exact for the dequantized weight
             ref = F.linear(x, wd, bias)
         torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-4)
     xb = torch.randn(3, k).bfloat16()
     yb = backend.linear(xb, packed)
     assert yb.dtype == torch.bfloat16
-    torch.testing.assert_close(yb.float(), F.linear(quantize_activations_reference(xb.float()), wd), rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(yb.float(), F.linear(rounded(xb.float()), wd), rtol=1e-2, atol=1e-2)
 
 
 def test_bad_shapes_are_clear_errors():
@@ -130,9 +137,9 @@ def test_bad_shapes_are_clear_errors():
     ops = _ops()
     packed = _pack("q4_1", _weight(4, 64, 1))
     with pytest.raises(RuntimeError, match="needs 40"):
-        ops.quant_linear(torch.randn(1, 64), packed[:, :30].contiguous(), get_format("q4_1").code, 64)
+        ops.quant_linear(torch.randn(1, 64), packed[:, :30].contiguous(), get_format("q4_1").code, 64, True)
     with pytest.raises(RuntimeError, match="x must be a CPU float32"):
-        ops.quant_linear(torch.randn(1, 32), packed, get_format("q4_1").code, 64)
+        ops.quant_linear(torch.randn(1, 32), packed, get_format("q4_1").code, 64, True)
     with pytest.raises(RuntimeError, match="unknown quantized format"):
         ops.quant_dequantize(packed, 9, 64)
 
@@ -163,8 +170,10 @@ def test_scalar_build_computes_the_same(tmp_path):
             assert torch.equal(ops.quant_dequantize(packed, f.code, 96), wd), name
             for m in (1, 5, 9):
                 x = torch.randn(m, 96)
-                y = ops.quant_linear(x, packed, f.code, 96)
+                y = ops.quant_linear(x, packed, f.code, 96, True)
                 torch.testing.assert_close(y, F.linear(quantize_activations_reference(x), wd), rtol=1e-5, atol=1e-4)
+                yf = ops.quant_linear(x, packed, f.code, 96, False)
+                torch.testing.assert_close(yf, F.linear(x, wd), rtol=1e-5, atol=1e-4)
         print("SCALAR OK")
     """)
     env = {**os.environ, "ATEN_CPU_CAPABILITY": "default", "RADIXLM_KERNEL_CACHE": str(tmp_path / "cache")}

@@ -254,7 +254,106 @@ inline void row_dot(const uint8_t* row, int64_t nb, const int8_t* xq, const floa
 }
 #endif
 
+// The fp32-activation variant: the block's weights unpacked to fp32 in registers (q, not yet scaled),
+// dotted with fp32 x, then scaled once per block: d * <q, x>_b (+ m * sum(x_b) for Q4_1, - 8 d sum(x_b)
+// for Q4_0); xs holds sum(x_b). No activation rounding: equals dequantize(W) @ x up to fp32 rounding.
+#ifdef RADIXLM_QUANT_AVX2
+template <int64_t FMT>
+inline void load_weights_f32(const uint8_t* q, __m256 out[4]) {
+  if constexpr (is_q4(FMT)) {
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
+    const __m128i mask = _mm_set1_epi8(0x0F);
+    const __m128i lo = _mm_and_si128(v, mask);
+    const __m128i hi = _mm_and_si128(_mm_srli_epi16(v, 4), mask);
+    out[0] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo));
+    out[1] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)));
+    out[2] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
+    out[3] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
+  } else {
+    for (int j = 0; j < 4; ++j) {
+      const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + 8 * j));
+      out[j] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
+    }
+  }
+}
+
+template <int64_t FMT, int MB>
+inline void row_dot_f32(const uint8_t* row, int64_t nb, const float* x, const float* xs, int64_t K, int64_t m0,
+                        float* out, int64_t ldo) {
+  __m256 acc[MB];
+  float off[MB];
+  for (int j = 0; j < MB; ++j) {
+    acc[j] = _mm256_setzero_ps();
+    off[j] = 0.f;
+  }
+  for (int64_t b = 0; b < nb; ++b) {
+    const Block blk = block_at<FMT>(row, b);
+    __m256 w[4];
+    load_weights_f32<FMT>(blk.q, w);
+    const __m256 d = _mm256_set1_ps(blk.d);
+    for (int j = 0; j < MB; ++j) {
+      const float* xb = x + (m0 + j) * K + b * QK;
+      __m256 p = _mm256_mul_ps(w[0], _mm256_loadu_ps(xb));
+      p = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xb + 8), p);
+      p = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(xb + 16), p);
+      p = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xb + 24), p);
+      acc[j] = _mm256_fmadd_ps(d, p, acc[j]);
+      if constexpr (is_q4(FMT)) off[j] += blk.m * xs[(m0 + j) * nb + b];
+    }
+  }
+  const float rs = FMT == INT8 ? load_f32(row) : 1.f;
+  for (int j = 0; j < MB; ++j) out[(m0 + j) * ldo] = (hsum(acc[j]) + off[j]) * rs;
+}
+#else
+template <int64_t FMT, int MB>
+inline void row_dot_f32(const uint8_t* row, int64_t nb, const float* x, const float* xs, int64_t K, int64_t m0,
+                        float* out, int64_t ldo) {
+  float acc[MB];
+  for (int j = 0; j < MB; ++j) acc[j] = 0.f;
+  for (int64_t b = 0; b < nb; ++b) {
+    const Block blk = block_at<FMT>(row, b);
+    float w[QK];
+    for (int i = 0; i < QK; ++i) {
+      if constexpr (is_q4(FMT)) {
+        w[i] = static_cast<float>(i < 16 ? (blk.q[i] & 0x0F) : (blk.q[i - 16] >> 4));
+      } else {
+        w[i] = static_cast<float>(static_cast<int8_t>(blk.q[i]));
+      }
+    }
+    for (int j = 0; j < MB; ++j) {
+      const float* xb = x + (m0 + j) * K + b * QK;
+      float p = 0.f;
+      for (int i = 0; i < QK; ++i) p += w[i] * xb[i];
+      acc[j] += blk.d * p;
+      if constexpr (is_q4(FMT)) acc[j] += blk.m * xs[(m0 + j) * nb + b];
+    }
+  }
+  const float rs = FMT == INT8 ? load_f32(row) : 1.f;
+  for (int j = 0; j < MB; ++j) out[(m0 + j) * ldo] = acc[j] * rs;
+}
+#endif
+
 constexpr int MAX_MB = 4;  // activation rows per pass over a weight row (accumulators in registers)
+
+template <int64_t FMT>
+void gemm_rows_f32(const uint8_t* w, int64_t rb, int64_t N, int64_t K, int64_t M, const float* x, const float* xs,
+                   float* out) {
+  const int64_t nb = K / QK;
+  const int64_t grain = std::max<int64_t>(1, 4096 / (nb * std::max<int64_t>(M, 1)));
+  at::parallel_for(0, N, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) {
+      const uint8_t* row = w + n * rb;
+      int64_t m0 = 0;
+      for (; m0 + MAX_MB <= M; m0 += MAX_MB) row_dot_f32<FMT, MAX_MB>(row, nb, x, xs, K, m0, out + n, N);
+      switch (M - m0) {
+        case 3: row_dot_f32<FMT, 3>(row, nb, x, xs, K, m0, out + n, N); break;
+        case 2: row_dot_f32<FMT, 2>(row, nb, x, xs, K, m0, out + n, N); break;
+        case 1: row_dot_f32<FMT, 1>(row, nb, x, xs, K, m0, out + n, N); break;
+        default: break;
+      }
+    }
+  });
+}
 
 template <int64_t FMT>
 void gemm_rows(const uint8_t* w, int64_t rb, int64_t N, int64_t K, int64_t M, const int8_t* xq, const float* xd,
@@ -276,7 +375,7 @@ void gemm_rows(const uint8_t* w, int64_t rb, int64_t N, int64_t K, int64_t M, co
   });
 }
 
-at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& w, int64_t fmt, int64_t K) {
+at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& w, int64_t fmt, int64_t K, bool int8_activations) {
   check_weight(w, fmt, K);
   TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kFloat && x.dim() == 2 && x.size(1) == K,
               "quant_linear: x must be a CPU float32 (M, ", K, ") tensor, got ", x.sizes(), " ", x.scalar_type());
@@ -284,6 +383,24 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& w, int64_t fmt, i
   const int64_t M = xc.size(0), N = w.size(0), nb = K / QK;
   at::Tensor out = at::empty({M, N}, xc.options());
   if (M == 0 || N == 0) return out;
+  if (!int8_activations) {
+    const float* xp = xc.data_ptr<float>();
+    std::vector<float> xs(M * nb);  // sum of each block of x (the 4-bit formats' offset terms)
+    for (int64_t i = 0; i < M * nb; ++i) {
+      float t = 0.f;
+      for (int64_t j = 0; j < QK; ++j) t += xp[i * QK + j];
+      xs[i] = t;
+    }
+    const uint8_t* wp = w.data_ptr<uint8_t>();
+    float* op = out.data_ptr<float>();
+    switch (fmt) {
+      case INT8: gemm_rows_f32<INT8>(wp, w.size(1), N, K, M, xp, xs.data(), op); break;
+      case Q8_0: gemm_rows_f32<Q8_0>(wp, w.size(1), N, K, M, xp, xs.data(), op); break;
+      case Q4_0: gemm_rows_f32<Q4_0>(wp, w.size(1), N, K, M, xp, xs.data(), op); break;
+      case Q4_1: gemm_rows_f32<Q4_1>(wp, w.size(1), N, K, M, xp, xs.data(), op); break;
+    }
+    return out;
+  }
   std::vector<int8_t> xq(M * K);
   std::vector<float> xd(M * nb), xs(M * nb);
   quantize_rows_q8(xc.data_ptr<float>(), M, K, xq.data(), xd.data(), xs.data());
@@ -348,7 +465,7 @@ at::Tensor quant_dequantize(const at::Tensor& w, int64_t fmt, int64_t K) {
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(radixlm_cpu, m) {
-  m.def("quant_linear(Tensor x, Tensor w, int fmt, int in_features) -> Tensor");
+  m.def("quant_linear(Tensor x, Tensor w, int fmt, int in_features, bool int8_activations) -> Tensor");
   m.def("quant_dequantize(Tensor w, int fmt, int in_features) -> Tensor");
   m.impl("quant_linear", c10::DispatchKey::CPU, &quant_linear);
   m.impl("quant_dequantize", c10::DispatchKey::CPU, &quant_dequantize);
