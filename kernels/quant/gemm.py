@@ -6,11 +6,12 @@ the layer's weight into the packed uint8 rows of ``formats.py`` — quantizing t
 
 - M (rows of x) up to ``SMALL_M``: ``torch.ops.radixlm_cpu.quant_linear``, which streams each weight
   block once for all M rows, unpacking it in registers (see ``cpu/quant_gemm.cpp``). This is decode,
-  where reading the weights is the cost. With ``int8_activations`` (the default) x is quantized to
-  8 bits per block of 32 and the block dot products are integer (llama.cpp's scheme, the fastest on
-  AVX2); without, the weights are unpacked to fp32 and dotted with fp32 x (exact up to fp32 rounding,
-  ~1.4x the time of a 4-bit linear on one AVX2 core). The LM head runs without: its logits pick the
-  token, and it costs ~5 % more there (docs/benchmarks.md).
+  where reading the weights is the cost. By default the weights are unpacked to fp32 in registers and
+  dotted with fp32 x (exact up to fp32 rounding). With ``int8_activations`` x is quantized to 8 bits
+  per block of 32 and the block dot products are integer (llama.cpp's scheme): ~1.4x faster for a
+  4-bit linear on one AVX2 core, but on the demo model's chat prompt the rounding of its outlier
+  activations changed the answer ("The capital of France is Paris." became unrelated text), so
+  the models run without it (docs/benchmarks.md).
 - larger M (prefill): the weight dequantized to fp32 (``quant_dequantize``) and the fp32 GEMM, which
   is compute-bound there and exact for the dequantized weight.
 
@@ -41,14 +42,14 @@ class QuantGemm(GemmBackend):
         in_features: K, a multiple of 32 (ValueError otherwise).
         packed: the packed (out, row_bytes) uint8 weight when it comes from a file; ``prepare`` then
             returns it instead of quantizing (only ``int8`` quantizes a float weight here).
-        int8_activations: the decode kernel's activations in 8 bits (True) or fp32 (False).
+        int8_activations: the decode kernel's activations in 8 bits (True) or fp32 (False, the default).
 
     Raises:
         CpuKernelsUnavailable: the C++ CPU kernels cannot be built here.
     """
 
     def __init__(self, fmt: str, in_features: int, packed: Optional[torch.Tensor] = None,
-                 int8_activations: bool = True):
+                 int8_activations: bool = False):
         self.format = get_format(fmt)
         self.in_features = in_features
         self.row_bytes = self.format.row_bytes(in_features)

@@ -12,7 +12,7 @@
 
 ``plan_quantization`` returns the GEMM backend of each quantized layer; the model runner hands every
 other layer its usual backend. Embedding tables stay float (a lookup reads a few rows). The decode
-kernel quantizes activations to 8 bits except in the LM head (kernels/quant/gemm.py).
+kernel keeps activations in fp32 (kernels/quant/gemm.py says why).
 """
 
 from __future__ import annotations
@@ -133,6 +133,6 @@ def _plan_int8(model: nn.Module, plan: QuantizationPlan) -> None:
         if in_features % 32:
             counts["dense"] += 1
             continue
-        plan.backends[layer] = QuantGemm("int8", in_features, int8_activations=layer is not getattr(model, "lm_head", None))
+        plan.backends[layer] = QuantGemm("int8", in_features)
         counts["int8"] += 1
     plan.layers = dict(counts)

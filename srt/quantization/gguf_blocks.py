@@ -63,14 +63,14 @@ def plan_gguf(model: nn.Module, path: Path, tp, plan) -> None:
             (mlp.down_proj, [(None, f"blk.{i}.ffn_down.weight")]),
         ]
         for module, shards in jobs:
-            counts[_plan_layer(module, shards, tensors, permute, tp, plan, path, True)] += 1
+            counts[_plan_layer(module, shards, tensors, permute, tp, plan, path)] += 1
     head = "output.weight" if "output.weight" in tensors else "token_embd.weight"
-    counts[_plan_layer(model.lm_head, [(None, head)], tensors, {}, tp, plan, path, False)] += 1
+    counts[_plan_layer(model.lm_head, [(None, head)], tensors, {}, tp, plan, path)] += 1
     plan.layers = dict(counts)
 
 
 def _plan_layer(module: nn.Module, shards: list[tuple[Optional[str], str]], tensors: dict, permute: dict, tp,
-                plan, path: Path, int8_activations: bool) -> str:
+                plan, path: Path) -> str:
     """Add ``module``'s backend to ``plan`` when its tensors are all of one supported type; returns
     the format name it got (or ``dense``)."""
     from radixlm.kernels.quant.gemm import QuantGemm
@@ -92,7 +92,7 @@ def _plan_layer(module: nn.Module, shards: list[tuple[Optional[str], str]], tens
             packed.copy_(rows.narrow(1, tp.rank * per_rank, per_rank))
         else:
             module.weight_loader(packed, rows, shard_id)
-    backend = QuantGemm(fmt.name, in_features, packed, int8_activations)
+    backend = QuantGemm(fmt.name, in_features, packed)
     if not torch.equal(backend.dequantize(packed).to(weight.dtype), weight):
         raise ModelLoadError(f"the {fmt.name} blocks of {shards[0][1]} in {path} do not dequantize to the weights "
                              "converted from it (a stale conversion cache? delete it and retry)")

@@ -4,8 +4,8 @@ next tokens, report what they quantized, and default to the GGUF file's blocks f
 Agreement = the share of positions of a fixed text set where the quantized model's top-1 next token
 (``input_top_logprobs``, teacher-forced: every position sees the real text before it) equals the
 float model's. The prompts go through extend steps of ``CHUNK`` tokens, so the linears run the decode
-kernel (M <= kernels.quant.gemm.SMALL_M: 8-bit activations, integer dot products), not the exact
-dequantize + fp32 GEMM path of long prefills.
+kernel (M <= kernels.quant.gemm.SMALL_M: weight blocks unpacked in registers), not the dequantize +
+fp32 GEMM path of long prefills.
 """
 
 from __future__ import annotations
@@ -149,3 +149,9 @@ def test_demo_model_q4_1_agrees_with_the_dequantized_model():
     score = agreement(got, reference)
     print(f"Q4_1 blocks vs dequantized fp32, SmolLM2-135M: {score:.1%} of {len(reference)} agree")
     assert score >= 0.95
+    # the chat answer the README shows (8-bit activations got this one wrong)
+    tok = quant.tokenizer
+    chat = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
+                                   tokenize=False, add_generation_prompt=True)
+    sp = {"temperature": 0, "max_new_tokens": 24}
+    assert quant.generate(chat, sp)["text"] == ref.generate(chat, sp)["text"] == "The capital of France is Paris."
