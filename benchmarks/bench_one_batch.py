@@ -11,6 +11,10 @@ linear layers' and lm_head's parameters) + 4 × layers × heads × head_dim × (
 
     python benchmarks/bench_one_batch.py --model stories260k --batch-sizes 1 8 32 --input-lens 128 --output-lens 32
     python benchmarks/bench_one_batch.py --model smollm2 --batch-sizes 1 32 --input-lens 128 --output-lens 32
+    python benchmarks/bench_one_batch.py --model smollm2 --quantizations none int8 gguf --batch-sizes 1 8 32
+
+``--quantizations`` runs one engine per ``--quantization`` value (``gguf``: the demo model's Q4_1 blocks
+kept; needs ``--model smollm2`` or a .gguf path); ``none`` is the float reference.
 """
 
 from __future__ import annotations
@@ -72,7 +76,9 @@ def matmul_peak_gflops(m: int, k: int, n: int, seconds: float = 1.0) -> float:
 def decode_flops_per_token(engine: Engine, context: float) -> float:
     """Model FLOPs of one decode token at an attended context of ``context`` tokens."""
     model = engine.worker.model_runner.model
-    linear = sum(p.numel() for name, p in model.named_parameters() if p.dim() == 2 and "embed_tokens" not in name)
+    # logical weights of the linears and the LM head (a quantized weight's tensor holds bytes, not weights)
+    linear = sum(m.weight.shape[0] * getattr(m.gemm, "in_features", m.weight.shape[1])
+                 for m in model.modules() if hasattr(m, "process_weights_after_loading"))
     cfg = engine.model_config
     attn = 4 * cfg.num_hidden_layers * cfg.num_attention_heads * cfg.head_dim * context
     return 2 * linear + attn
@@ -90,6 +96,8 @@ def main() -> None:
     ap.add_argument("--gemm-backends", nargs="+", default=["auto"], help="likewise for the linear layers")
     ap.add_argument("--elementwise-backends", nargs="+", default=["auto"],
                     help="likewise for RMSNorm/RoPE/SiLU-and-mul (e.g. cpu torch_native)")
+    ap.add_argument("--quantizations", nargs="+", default=["default"],
+                    help="likewise for --quantization: none | int8 | gguf | default (the model's default)")
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
@@ -100,15 +108,17 @@ def main() -> None:
     max_bs = max(args.batch_sizes)
     max_tokens = max_bs * (max(args.input_lens) + max(args.output_lens)) + 1024
     rows = []
-    combos = [(a, g, e) for a in args.attention_backends for g in args.gemm_backends for e in args.elementwise_backends]
-    for attn, gemm, elementwise in combos:
+    combos = [(a, g, e, q) for a in args.attention_backends for g in args.gemm_backends
+              for e in args.elementwise_backends for q in args.quantizations]
+    for attn, gemm, elementwise, quant in combos:
         engine = Engine(resolve_model(args.model), max_total_tokens=max_tokens, max_running_requests=max_bs,
                         chunked_prefill_size=-1, max_prefill_tokens=max_tokens, page_size=args.page_size,
                         attention_backend=attn, gemm_backend=gemm, elementwise_backend=elementwise,
-                        dtype=args.dtype)
+                        dtype=args.dtype, quantization=None if quant == "default" else quant)
         runner = engine.worker.model_runner
         names = {"attention": runner.attn_backend.name, "gemm": runner.gemm_backend.name,
-                 "elementwise": runner.elementwise_backend.name, "dtype": str(runner.dtype).removeprefix("torch.")}
+                 "elementwise": runner.elementwise_backend.name, "dtype": str(runner.dtype).removeprefix("torch."),
+                 "quantization": runner.quantization.method}
         run_case(engine, 1, 16, 4, args.seed)  # warm-up
         for bs in args.batch_sizes:
             for i in args.input_lens:
@@ -124,7 +134,7 @@ def main() -> None:
         r["pct_of_peak"] = 100 * r["model_gflop_s"] / peak
     print(f"fp32 matmul peak: {peak:.1f} GFLOP/s (2048^3), {peak_decode_shape:.1f} GFLOP/s (64x576x1536); "
           f"torch threads {torch.get_num_threads()}")
-    print_table(rows, ["attention", "gemm", "elementwise", "dtype", "batch", "input_len", "output_len", "prefill_tok_s", "decode_tok_s", "decode_step_ms",
+    print_table(rows, ["attention", "gemm", "elementwise", "dtype", "quantization", "batch", "input_len", "output_len", "prefill_tok_s", "decode_tok_s", "decode_step_ms",
                        "overhead_ms_per_step", "model_gflop_s", "pct_of_peak"])
     write_json(args.output, {"benchmark": "bench_one_batch", "model": args.model, "page_size": args.page_size,
                              "threads": torch.get_num_threads(), "matmul_peak_gflop_s": peak,

@@ -10,8 +10,8 @@
 #   QUICK=1 MODEL_DIR=/path/stories260k-hf bash benchmarks/run_all.sh   # faster; vLLM / llama-server skip
 #
 # Environment: THREADS (2: torch / OpenMP / llama.cpp threads of every system), QUICK=1, MODEL_DIR
-# (default: radixlm's SmolLM2-135M folder), PEERS (labels to run, default all six: radixlm
-# radixlm-nocache vllm llama-server hf-serve hf-static), ONLY (comma-separated workloads, e.g.
+# (default: radixlm's SmolLM2-135M folder), PEERS (labels to run, default all seven: radixlm
+# radixlm-nocache radixlm-q4 vllm llama-server hf-serve hf-static), ONLY (comma-separated workloads, e.g.
 # shared_prefix,random), OUT_DIR / IMG_DIR (bench_results[/quick], docs/img or OUT_DIR/img with
 # QUICK), RADIXLM_PYTHON (default: the python3 on PATH), and run_peers.sh's variables. Peers that are
 # not installed are reported as skipped (install: benchmarks/peers/install_*.sh, build_llama_server.sh).
@@ -21,7 +21,7 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cd "$HERE/.."
 export THREADS="${THREADS:-2}" QUICK="${QUICK:-0}"
 export RADIXLM_PYTHON="${RADIXLM_PYTHON:-python3}"
-export PEERS="${PEERS:-radixlm radixlm-nocache vllm llama-server hf-serve hf-static}"
+export PEERS="${PEERS:-radixlm radixlm-nocache radixlm-q4 vllm llama-server hf-serve hf-static}"
 ARGS=()
 [ -n "${ONLY:-}" ] && ARGS+=(--only "$ONLY")
 [ -n "${OUT_DIR:-}" ] && ARGS+=(--out-dir "$OUT_DIR")

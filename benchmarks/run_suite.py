@@ -26,8 +26,8 @@ Workloads (full size; ``QUICK`` ones in ``QUICK_WORKLOADS``), greedy, EOS ignore
 - ``sweep_c{1,4,16,64}``: decode-heavy's shape (input 64–128, output 128) at max concurrency c with
   max(8, 2c) requests; hf-static batch c. For the throughput-vs-concurrency plot.
 
-Target labels (``run_peers.sh``): radixlm, radixlm-nocache, radixlm-ngram, vllm, llama-server, hf-serve,
-hf-static. ``radixlm-ngram`` only runs in the workloads that name it.
+Target labels (``run_peers.sh``): radixlm, radixlm-nocache, radixlm-ngram, radixlm-q4, vllm, llama-server,
+hf-serve, hf-static. ``radixlm-ngram`` and ``radixlm-q4`` (the sweep) only run in the workloads that name them.
 """
 
 from __future__ import annotations
@@ -46,7 +46,8 @@ HERE = Path(__file__).resolve().parent
 ALL = None  # every target but the ones only named workloads run (ONLY_NAMED)
 NO_NOCACHE = ("radixlm", "vllm", "llama-server", "hf-serve", "hf-static")
 NGRAM = ("radixlm", "radixlm-ngram")
-ONLY_NAMED = ("radixlm-ngram",)
+ONLY_NAMED = ("radixlm-ngram", "radixlm-q4")
+SWEEP_TARGETS = (*NO_NOCACHE, "radixlm-q4")  # the Q4_1-kept demo model beside fp32 in the concurrency sweep
 SWEEP = (1, 4, 16, 64)
 QUICK_SWEEP = (1, 2, 4)
 
@@ -75,7 +76,7 @@ def workloads(quick: bool) -> list[tuple[str, Optional[tuple[str, ...]], list[st
                                                   "--max-concurrency", "2"]),
             ("tool_calls", ("radixlm",), ["--dataset-name", "tool-calls", "--num-prompts", "2",
                                           "--tool-output-len", "64", "--max-concurrency", "2"]),
-            *[(f"sweep_c{c}", NO_NOCACHE, _random(2 * c, (8, 16), (8, 8), c, c)) for c in QUICK_SWEEP],
+            *[(f"sweep_c{c}", SWEEP_TARGETS, _random(2 * c, (8, 16), (8, 8), c, c)) for c in QUICK_SWEEP],
             ("busy2_c1", NO_NOCACHE, [*_random(2, (8, 16), (8, 8), 1, 1), "--busy-procs", "2"]),
             *_ngram(True),
         ]
@@ -90,7 +91,7 @@ def workloads(quick: bool) -> list[tuple[str, Optional[tuple[str, ...]], list[st
                                               "--max-concurrency", "16"]),
         ("tool_calls", ("radixlm",), ["--dataset-name", "tool-calls", "--num-prompts", "16",
                                       "--tool-output-len", "128", "--max-concurrency", "4"]),
-        *[(f"sweep_c{c}", NO_NOCACHE, _random(max(8, 2 * c), (64, 128), (128, 128), c, c)) for c in SWEEP],
+        *[(f"sweep_c{c}", SWEEP_TARGETS, _random(max(8, 2 * c), (64, 128), (128, 128), c, c)) for c in SWEEP],
         # Contention: shared_prefix and concurrency 1 again with two busy processes beside the servers;
         # compare each system's row with its quiet one (the fraction of throughput it keeps).
         ("busy2_shared_prefix", NO_NOCACHE, ["--dataset-name", "generated-shared-prefix", "--gsp-num-groups", "8",

@@ -1,8 +1,8 @@
-"""radixlm's C++ CPU kernels (``kernels/{attention,elementwise,gemm}/cpu/*.cpp``), compiled on first use.
+"""radixlm's C++ CPU kernels (``kernels/{attention,elementwise,gemm,quant}/cpu/*.cpp``), compiled on first use.
 
 The sources are built with ``torch.utils.cpp_extension.load`` (ninja + the system C++ compiler)
 into ``$RADIXLM_KERNEL_CACHE`` (default ``~/.cache/radixlm/kernels``), in a folder per torch
-version and CPU capability, and registered as ``torch.ops.radixlm_cpu.*``. The first build takes
+version, CPU capability and digest of the sources, and registered as ``torch.ops.radixlm_cpu.*``. The first build takes
 ~20 s on 2 cores; later processes load the cached library (torch rebuilds it when a source changes;
 its file lock makes concurrent first builds, e.g. of several TP ranks, safe).
 
@@ -13,6 +13,7 @@ AVX-512 or AVX2 via ATen's ``at::vec`` (the ``CPU_CAPABILITY_*`` macros), else s
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import os
 from pathlib import Path
@@ -22,8 +23,10 @@ logger = logging.getLogger(__name__)
 
 SOURCES = [Path(__file__).parent / "attention" / "cpu" / "paged_attention.cpp",
            Path(__file__).parent / "elementwise" / "cpu" / "elementwise.cpp",
-           Path(__file__).parent / "gemm" / "cpu" / "gemm.cpp"]
-OPS = ("paged_attention", "add_rms_norm_", "rope", "silu_and_mul", "pack_linear_weight", "linear_packed")
+           Path(__file__).parent / "gemm" / "cpu" / "gemm.cpp",
+           Path(__file__).parent / "quant" / "cpu" / "quant_gemm.cpp"]
+OPS = ("paged_attention", "add_rms_norm_", "rope", "silu_and_mul", "pack_linear_weight", "linear_packed",
+       "quant_linear", "quant_dequantize")
 _CAPABILITY_FLAGS = {
     "AVX512": ["-DCPU_CAPABILITY=AVX512", "-DCPU_CAPABILITY_AVX512", "-mavx512f", "-mavx512bw", "-mavx512vl",
                "-mavx512dq", "-mfma", "-mf16c"],
@@ -44,6 +47,15 @@ def _capability() -> str:
     return cap if cap in _CAPABILITY_FLAGS else "DEFAULT"
 
 
+def _sources_digest() -> str:
+    """12 hex digits of the sources' content: checkouts with different kernel sources (two versions
+    installed side by side) build into different folders instead of rebuilding one in turn."""
+    digest = hashlib.sha256()
+    for source in SOURCES:
+        digest.update(source.name.encode() + b"\0" + source.read_bytes())
+    return digest.hexdigest()[:12]
+
+
 @functools.lru_cache(maxsize=None)
 def load_cpu_kernels() -> None:
     """Build (once per machine) and load the kernels into ``torch.ops.radixlm_cpu``.
@@ -57,7 +69,7 @@ def load_cpu_kernels() -> None:
 
     cap = _capability()
     cache = Path(os.environ.get("RADIXLM_KERNEL_CACHE") or Path.home() / ".cache" / "radixlm" / "kernels")
-    build_dir = cache / f"torch{torch.__version__.split('+')[0]}-{cap.lower()}"
+    build_dir = cache / f"torch{torch.__version__.split('+')[0]}-{cap.lower()}-{_sources_digest()}"
     try:
         build_dir.mkdir(parents=True, exist_ok=True)
         # -ffp-contract=off: no fused multiply-adds the source does not ask for, so the elementwise

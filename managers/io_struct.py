@@ -111,6 +111,8 @@ class InternalState(msgspec.Struct, tag=True, kw_only=True):
     attention_backend: str = ""  # the backends actually chosen (``auto`` resolved)
     gemm_backend: str = ""
     elementwise_backend: str = ""
+    quantization: str = ""  # the resolved --quantization: none | int8 | gguf
+    quantized_layers: dict[str, int] = {}  # linear layers per weight format (``dense``: kept float)
     # Hierarchical cache (empty without it): prompt tokens served per tier since start
     # (``cached_tokens_device`` / ``_host`` / ``_storage``) and the controller's ``state()``.
     hicache: dict[str, float] = {}

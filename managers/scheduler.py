@@ -455,4 +455,6 @@ class Scheduler:
             num_spec_accepted_drafts=spec["accepted_drafts"], num_spec_verify_tokens=spec["verify_tokens"],
             attention_backend=self.worker.model_runner.attn_backend.name,
             gemm_backend=self.worker.model_runner.gemm_backend.name,
-            elementwise_backend=self.worker.model_runner.elementwise_backend.name, hicache=self._hicache_state())
+            elementwise_backend=self.worker.model_runner.elementwise_backend.name,
+            quantization=self.worker.model_runner.quantization.method,
+            quantized_layers=dict(self.worker.model_runner.quantization.layers), hicache=self._hicache_state())

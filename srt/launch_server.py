@@ -142,7 +142,18 @@ def _start_children(args: ServerArgs, resolved: str, paths: Any) -> list[_Child]
     ctx = multiprocessing.get_context("spawn")
     # Spawned children inherit the environment; OpenMP reads it when torch loads there.
     os.environ.update(openmp_env())
-    child_args = dataclasses.replace(args, model_path=resolved)
+    from radixlm.srt.model_runner import resolve_device
+    from radixlm.srt.quantization import resolve_quantization
+
+    # The schedulers get the converted folder: what --quantization's default means is decided on the
+    # path the user gave (a .gguf keeps its blocks).
+    try:
+        quantization = resolve_quantization(args.quantization_method(), args.model_path, resolve_device(args.device))
+    except (ValueError, RuntimeError) as exc:  # e.g. --quantization gguf for a folder: a one-line startup error
+        from radixlm.srt.model_loader import ModelLoadError
+
+        raise ModelLoadError(str(exc)) from exc
+    child_args = dataclasses.replace(args, model_path=resolved, quantization=quantization)
     specs = [("detokenizer", run_detokenizer_process, (args.tokenizer_path or resolved, paths))]
     # One scheduler per tensor-parallel rank of each data-parallel replica; rank 0 of a replica owns
     # its sockets (DESIGN.md section 2).

@@ -24,6 +24,7 @@ from radixlm.srt.layers.parallel_state import TpGroup
 from radixlm.srt.model_config import ModelConfig
 from radixlm.srt.model_loader import iter_weights
 from radixlm.srt.models.registry import get_model_class
+from radixlm.srt.quantization import plan_quantization, resolve_quantization
 from radixlm.srt.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
@@ -60,9 +61,13 @@ class ModelRunner:
         self.model.load_weights(iter_weights(model_config.model_path))
         self.model.eval()
         self.gemm_backend = create_gemm_backend(server_args.kernel_backend("gemm"), self.device, self.dtype)
+        # Quantized linears get their own backend (kernels/quant); the others the GEMM backend.
+        self.quantization = plan_quantization(
+            self.model, resolve_quantization(server_args.quantization_method(), server_args.model_path, self.device),
+            server_args.model_path, tp)
         for module in self.model.modules():
             if hasattr(module, "process_weights_after_loading"):
-                module.process_weights_after_loading(self.gemm_backend)
+                module.process_weights_after_loading(self.quantization.backends.get(module, self.gemm_backend))
         self.elementwise_backend = create_elementwise_backend(server_args.kernel_backend("elementwise"), self.device)
         for module in self.model.modules():
             if hasattr(module, "elementwise"):

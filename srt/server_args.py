@@ -27,6 +27,7 @@ HICACHE_WRITE_POLICIES = ("write_through", "write_back")
 HICACHE_STORAGE_BACKENDS = ("file",)
 SPECULATIVE_ALGORITHMS = ("NGRAM",)
 LOAD_BALANCE_METHODS = ("cache_aware", "round_robin", "shortest_queue")  # managers/load_balance
+QUANTIZATION_METHODS = ("none", "int8", "gguf")
 
 
 class ServerArgsError(ValueError):
@@ -127,6 +128,10 @@ class ServerArgs:
         "linear layers: auto|torch_native|onednn|cpu; auto on CPU = cpu for fp32 (radixlm's C++ kernel over "
         "weights packed once into 16-column panels; bitwise batch-invariant), else onednn (oneDNN's prepacked "
         "weights) where oneDNN supports the dtype, else torch_native (F.linear)")})
+    quantization: Optional[str] = field(default=None, metadata={"help": (
+        "weights kept quantized (CPU): none (float, the reference) | int8 (any model: linear weights quantized at "
+        "load, per output channel) | gguf (a GGUF model keeps its Q8_0/Q4_0/Q4_1 blocks as they are); default: "
+        "gguf for a .gguf model path (the demo model included), else none")})
     elementwise_backend: str = field(default="auto", metadata={"help": (
         "RMSNorm + residual add, RoPE, SiLU-and-mul: auto|torch_native|cpu; auto = cpu (fused C++ kernels, "
         "compiled on first use) on CPU, else torch_native (the reference torch ops)")})
@@ -163,6 +168,8 @@ class ServerArgs:
         choice("grammar_backend", GRAMMAR_BACKENDS)
         choice("device", DEVICES)
         choice("dtype", DTYPES)
+        if self.quantization is not None:
+            choice("quantization", QUANTIZATION_METHODS)
         if self.tool_call_parser is not None:
             choice("tool_call_parser", tuple(TOOL_CALL_PARSERS))
         if self.reasoning_parser is not None:
@@ -218,11 +225,19 @@ class ServerArgs:
         if self.device not in ("auto", "cpu"):
             raise ServerArgsError("--enable-deterministic-inference runs on CPU only (batch-invariant C++ kernels); "
                                   f"got --device {self.device}")
+        if self.quantization not in (None, "none"):
+            raise ServerArgsError("--enable-deterministic-inference runs float weights (its GEMM is batch-invariant, "
+                                  f"the quantized kernels are not); drop --quantization {self.quantization}")
         for kind in ("attention", "gemm", "elementwise"):
             value = getattr(self, f"{kind}_backend")
             if value not in ("auto", "cpu"):
                 raise ServerArgsError(f"--enable-deterministic-inference needs --{kind}-backend cpu "
                                       f"(the batch-invariant kernel), got {value}")
+
+    def quantization_method(self) -> Optional[str]:
+        """``--quantization`` as given (None: resolved from the model path), but ``none`` under
+        ``--enable-deterministic-inference`` (GGUF files then load dequantized)."""
+        return "none" if self.enable_deterministic_inference else self.quantization
 
     def kernel_backend(self, kind: str) -> str:
         """The backend name to build for ``kind`` (attention, gemm or elementwise): the flag's value, or

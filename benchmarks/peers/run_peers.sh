@@ -11,10 +11,10 @@
 #       # run_suite.py reads to run several workloads against the same servers)
 #
 # Targets (labels): radixlm, radixlm-nocache (--disable-radix-cache), radixlm-ngram
-# (--speculative-algorithm NGRAM), vllm, llama-server, hf-serve
+# (--speculative-algorithm NGRAM), radixlm-q4 (the demo GGUF, its Q4_1 blocks kept: --quantization gguf), vllm, llama-server, hf-serve
 # (`transformers serve --continuous-batching`), hf-static (transformers static-batch generate, run
 # inside bench_serving: no server). PEERS picks them (space-separated labels); the default is
-# "radixlm radixlm-ngram vllm llama-server", plus radixlm-nocache with NO_CACHE=1, hf-static with HF_STATIC=1 and
+# "radixlm radixlm-ngram radixlm-q4 vllm llama-server", plus radixlm-nocache with NO_CACHE=1, hf-static with HF_STATIC=1 and
 # hf-serve with HF_SERVE=1.
 #
 # Environment: MODEL_DIR (default: radixlm's SmolLM2 folder; vLLM refuses stories260K), THREADS (2),
@@ -36,7 +36,7 @@ DEFAULT_MODEL="$("$PY" -c 'from radixlm.srt.model_loader import resolve_model_pa
 MODEL_DIR="${MODEL_DIR:-$DEFAULT_MODEL}"
 export OMP_NUM_THREADS="$THREADS"
 if [ -z "${PEERS:-}" ]; then
-    PEERS="radixlm radixlm-ngram vllm llama-server"
+    PEERS="radixlm radixlm-ngram radixlm-q4 vllm llama-server"
     [ "${NO_CACHE:-0}" = 1 ] && PEERS="$PEERS radixlm-nocache"
     [ "${HF_STATIC:-0}" = 1 ] && PEERS="$PEERS hf-static"
     [ "${HF_SERVE:-0}" = 1 ] && PEERS="$PEERS hf-serve"
@@ -89,6 +89,16 @@ if want radixlm-nocache; then
     port=$(free_port)
     start radixlm-nocache radixlm "$port" "$PY" -m radixlm.srt.launch_server --model-path "$MODEL_DIR" \
         --port "$port" --disable-radix-cache "${RADIXLM_EXTRA[@]}"
+fi
+if want radixlm-q4; then  # the demo GGUF with its Q4_1 blocks kept (radixlm serve's default for it)
+    if [ "$MODEL_DIR" = "$DEFAULT_MODEL" ]; then
+        port=$(free_port)
+        DEMO_GGUF="$("$PY" -c 'from radixlm.srt.model_loader import find_demo_model; print(find_demo_model())')"
+        start radixlm-q4 radixlm "$port" "$PY" -m radixlm.srt.launch_server --model-path "$DEMO_GGUF" \
+            --quantization gguf --port "$port" "${RADIXLM_EXTRA[@]}"
+    else
+        echo "skipped: radixlm-q4 (only for the default SmolLM2 model)"
+    fi
 fi
 if want radixlm-ngram; then
     port=$(free_port)

@@ -19,9 +19,10 @@ class GemmBackend(abc.ABC):
 
     @abc.abstractmethod
     def prepare(self, weight: torch.Tensor) -> torch.Tensor:
-        """The weight as this backend stores it, from a dense (out, in) tensor. The result keeps the
-        logical shape and dtype (``numel``/``element_size`` still give the weight's size) and replaces
-        the dense tensor, so the weight is held once."""
+        """The weight as this backend stores it, from a dense (out, in) tensor. The result replaces
+        the dense tensor, so the weight is held once, and ``numel() * element_size()`` is its size in
+        bytes: float backends keep the logical shape and dtype; a quantized one (``kernels/quant``)
+        returns packed uint8 rows (out, row_bytes)."""
 
     @abc.abstractmethod
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:

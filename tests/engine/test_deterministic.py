@@ -60,5 +60,9 @@ def test_flag_resolves_auto_and_refuses_other_kernels():
         ServerArgs(model_path="m", enable_deterministic_inference=True, gemm_backend="onednn").validate()
     with pytest.raises(ServerArgsError, match="needs --attention-backend cpu"):
         ServerArgs(model_path="m", enable_deterministic_inference=True, attention_backend="torch_native").validate()
+    with pytest.raises(ServerArgsError, match="drop --quantization int8"):
+        ServerArgs(model_path="m", enable_deterministic_inference=True, quantization="int8").validate()
+    assert ServerArgs(model_path="m.gguf", enable_deterministic_inference=True).quantization_method() == "none"
+    assert ServerArgs(model_path="m.gguf").quantization_method() is None
     with pytest.raises(ServerArgsError, match="CPU only"):
         ServerArgs(model_path="m", enable_deterministic_inference=True, device="cuda").validate()

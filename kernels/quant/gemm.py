@@ -1,0 +1,94 @@
+"""A GEMM backend over weights kept quantized (``--quantization int8`` / ``gguf``), C++ kernels on CPU.
+
+One ``QuantGemm`` per linear layer (it knows the layer's format and in_features). ``prepare`` turns
+the layer's weight into the packed uint8 rows of ``formats.py`` — quantizing the loaded float weight
+(``int8``), or handing over blocks read from a GGUF file (``packed=``) — and ``linear`` multiplies:
+
+- M (rows of x) up to ``SMALL_M``: ``torch.ops.radixlm_cpu.quant_linear``, which streams each weight
+  block once for all M rows, unpacking it in registers (see ``cpu/quant_gemm.cpp``). This is decode,
+  where reading the weights is the cost. By default the weights are unpacked to fp32 in registers and
+  dotted with fp32 x (exact up to fp32 rounding). With ``int8_activations`` x is quantized to 8 bits
+  per block of 32 and the block dot products are integer (llama.cpp's scheme): ~1.4x faster for a
+  4-bit linear on one AVX2 core, but on the demo model's chat prompt the rounding of its outlier
+  activations changed the answer ("The capital of France is Paris." became unrelated text), so
+  the models run without it (docs/benchmarks.md).
+- larger M (prefill): the weight dequantized to fp32 (``quant_dequantize``) and the fp32 GEMM, which
+  is compute-bound there and exact for the dequantized weight.
+
+The held weight is the packed tensor, so ``numel() * element_size()`` is its real size in bytes.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from radixlm.kernels.cpu_extension import load_cpu_kernels
+from radixlm.kernels.gemm.base import GemmBackend
+from radixlm.kernels.quant.formats import get_format, quantize_int8
+
+# Rows of x up to which the decode kernel runs; beyond it dequantize + fp32 GEMM is as fast or faster
+# (benchmarks/bench_quant_gemm.py; docs/benchmarks.md, "Quantized weights").
+SMALL_M = 64
+
+
+class QuantGemm(GemmBackend):
+    """y = x W^T + b with W packed in ``fmt`` (``int8``, ``q8_0``, ``q4_0``, ``q4_1``).
+
+    Args:
+        fmt: the format name.
+        in_features: K, a multiple of 32 (ValueError otherwise).
+        packed: the packed (out, row_bytes) uint8 weight when it comes from a file; ``prepare`` then
+            returns it instead of quantizing (only ``int8`` quantizes a float weight here).
+        int8_activations: the decode kernel's activations in 8 bits (True) or fp32 (False, the default).
+
+    Raises:
+        CpuKernelsUnavailable: the C++ CPU kernels cannot be built here.
+    """
+
+    def __init__(self, fmt: str, in_features: int, packed: Optional[torch.Tensor] = None,
+                 int8_activations: bool = False):
+        self.format = get_format(fmt)
+        self.in_features = in_features
+        self.row_bytes = self.format.row_bytes(in_features)
+        if packed is not None and (packed.dtype != torch.uint8 or packed.dim() != 2 or packed.shape[1] != self.row_bytes):
+            raise ValueError(f"a {fmt} weight of in_features {in_features} has rows of {self.row_bytes} bytes, "
+                             f"got {packed.dtype} {tuple(packed.shape)}")
+        self._packed = packed
+        self.int8_activations = int8_activations
+        self.name = f"quant_{fmt}"
+        load_cpu_kernels()
+        self._linear = torch.ops.radixlm_cpu.quant_linear
+        self._dequantize = torch.ops.radixlm_cpu.quant_dequantize
+
+    def prepare(self, weight: torch.Tensor) -> torch.Tensor:
+        if weight.dtype == torch.uint8:
+            return weight
+        if self._packed is not None:
+            if self._packed.shape[0] != weight.shape[0]:
+                raise ValueError(f"packed weight has {self._packed.shape[0]} rows, the layer {weight.shape[0]}")
+            packed, self._packed = self._packed.contiguous(), None
+            return packed
+        if self.format.name != "int8":
+            raise ValueError(f"{self.format.name} weights come from a GGUF file; only int8 quantizes at load")
+        if weight.shape[1] != self.in_features:
+            raise ValueError(f"weight has in_features {weight.shape[1]}, expected {self.in_features}")
+        return quantize_int8(weight)
+
+    def dequantize(self, weight: torch.Tensor) -> torch.Tensor:
+        """The fp32 (out, in) weight of a packed one."""
+        return self._dequantize(weight, self.format.code, self.in_features)
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, x.shape[-1])
+        xf = x2 if x2.dtype == torch.float32 else x2.float()
+        if xf.shape[0] <= SMALL_M:
+            y = self._linear(xf, weight, self.format.code, self.in_features, self.int8_activations)
+            if bias is not None:
+                y = y + bias.float()
+        else:
+            y = F.linear(xf, self.dequantize(weight), None if bias is None else bias.float())
+        return y.to(x.dtype).view(*lead, y.shape[-1])
