@@ -130,6 +130,7 @@ def test_two_nodes_equal_tp1_and_node1_exits_when_node0_stops(stories_path):
         _discard(node0, node1)
 
 
+@pytest.mark.slow  # a second pair of launches (~30 s quiet, 90 s on a busy 2-core box)
 def test_node0_exits_with_an_error_when_node1_dies(stories_path):
     node0, node1 = _start_two_nodes(stories_path)
     try:
