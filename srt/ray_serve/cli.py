@@ -118,6 +118,7 @@ def serve_ray(args: ServerArgs, options: RayServeOptions, ray_address: Optional[
     try:
         _init_ray(ray, ray_address, options)
         signals.install()  # ray.init sets a SIGTERM handler of its own (sys.exit) in the driver
+        configure_launcher_logging(args.log_level)  # and its own (JSON) root log format
         from radixlm.srt.ray_serve.app import build_app
 
         serve.start(http_options={"host": args.host, "port": args.port})
