@@ -2,6 +2,8 @@
 
 ``radixlm serve [server flags]`` runs the HTTP server (same flags as
 ``python -m radixlm.srt.launch_server``; with no ``--model-path`` it serves the SmolLM2 demo model).
+``radixlm serve-ray --num-replicas N [server flags] [--ray-address ADDR]`` deploys N servers on a Ray
+cluster behind Ray Serve's HTTP ingress (needs the ``ray`` extra).
 ``radixlm bench serving|one_batch|offline|grammar|suite [flags]`` runs a source checkout's
 ``benchmarks/`` script (``suite``: ``run_all.sh``, every workload against every installed peer).
 ``radixlm --version`` prints ``radixlm <version>`` (the installed distribution's).
@@ -16,8 +18,9 @@ from typing import Optional
 _USAGE = """usage: radixlm <command> [args]
 
 commands:
-  serve   start the HTTP server (radixlm serve --help for its flags)
-  bench   benchmarks: radixlm bench serving --help (also one_batch, offline, grammar, suite)
+  serve       start the HTTP server (radixlm serve --help for its flags)
+  serve-ray   N servers on a Ray cluster behind Ray Serve (radixlm serve-ray --help)
+  bench       benchmarks: radixlm bench serving --help (also one_batch, offline, grammar, suite)
 
 options:
   --version  print the installed version and exit
@@ -38,6 +41,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         from radixlm.srt.launch_server import main as serve_main
 
         return serve_main(rest, prog="radixlm serve")
+    if command == "serve-ray":
+        from radixlm.srt.ray_serve.cli import main as serve_ray_main
+
+        return serve_ray_main(rest)
     if command == "bench":
         return _bench(rest)
     print(f"radixlm: unknown command {command!r}\n\n{_USAGE}", file=sys.stderr, end="")

@@ -39,20 +39,21 @@ def configure_child_logging(level: str) -> None:
                         force=True)
 
 
-def run_scheduler_process(server_args: "ServerArgs", paths: "IpcPaths", tp_rank: int,
+def run_scheduler_process(server_args: "ServerArgs", paths: Optional["IpcPaths"], tp_rank: int,
                           ready_pipe: Optional["Connection"]) -> None:
     """Process entry (``multiprocessing`` spawn target), one per tensor-parallel rank.
 
     Args:
         server_args: with ``model_path`` already resolved to a local folder by the launcher.
-        paths: the launch's ``IpcPaths``.
+        paths: the launch's ``IpcPaths``; None on a node other than 0 (``--node-rank`` > 0), whose
+            ranks have no sockets and meet the group at ``--dist-init-addr``.
         tp_rank: this process's rank; rank 0 owns the sockets and broadcasts what it receives.
         ready_pipe: receives the str ``"ready"`` once the model is loaded and the sockets are up;
             ``"error: <one-line reason>"`` if setting up fails (``startup_error``), or
             ``"error: <traceback>"`` if the process crashes after ready.
 
-    Exits 0 on SIGTERM/SIGINT or when the parent dies; 1 on any error, logged (through
-    ``os._exit``, skipping interpreter teardown).
+    Exits 0 on SIGTERM/SIGINT, when the parent dies, or (ranks > 0) when rank 0 stops or its
+    connection closes; 1 on any error, logged (through ``os._exit``, skipping interpreter teardown).
     """
     import zmq
 
@@ -106,7 +107,7 @@ def _exit_now(code: int) -> None:
     os._exit(code)
 
 
-def _build(args: "ServerArgs", paths: "IpcPaths", ctx: Any, sockets: list[Any], tp_rank: int
+def _build(args: "ServerArgs", paths: Optional["IpcPaths"], ctx: Any, sockets: list[Any], tp_rank: int
            ) -> tuple["Scheduler", Any, Any, Any]:
     """Sockets first (so the TokenizerManager can queue requests while the model loads), then the
     model. Only rank 0 has sockets; the others get rank 0's messages by broadcast."""
@@ -121,10 +122,12 @@ def _build(args: "ServerArgs", paths: "IpcPaths", ctx: Any, sockets: list[Any], 
     from radixlm.srt.model_config import ModelConfig
     from radixlm.srt.model_loader import load_tokenizer
     from radixlm.srt.model_runner import resolve_device
+    from radixlm.srt.multinode import dist_init_method
 
     receiver = reply = None
     send_output: Any = lambda out: None  # noqa: E731  (ranks > 0 emit nothing)
     if tp_rank == 0:
+        assert paths is not None  # rank 0 runs on node 0, which has the IPC directory
         receiver = PullReceiver(ctx, paths.scheduler_input, bind=True)
         sockets.append(receiver)
         to_detokenizer = PushSender(ctx, paths.detokenizer_input, bind=False)
@@ -136,10 +139,11 @@ def _build(args: "ServerArgs", paths: "IpcPaths", ctx: Any, sockets: list[Any], 
     if device.type == "cpu":
         from radixlm.srt.cpu_runtime import cpu_threads
 
-        # --cpu-threads, else OMP_NUM_THREADS, else the available cores split between the ranks:
-        # oversubscribing the cores makes every OpenMP region wait for a descheduled thread.
-        torch.set_num_threads(cpu_threads(args.cpu_threads, args.tp_size))
-    tp = init_tp_group(tp_rank, args.tp_size, os.path.join(paths.root, "tp_rendezvous"), device)
+        # --cpu-threads, else OMP_NUM_THREADS, else the available cores split between this node's
+        # ranks: oversubscribing the cores makes every OpenMP region wait for a descheduled thread.
+        torch.set_num_threads(cpu_threads(args.cpu_threads, args.tp_size // args.nnodes))
+    rendezvous = os.path.join(paths.root, "tp_rendezvous") if paths is not None else None
+    tp = init_tp_group(tp_rank, args.tp_size, dist_init_method(args.dist_init_addr, rendezvous), device)
     model_config = ModelConfig.from_path(args.model_path, dtype=args.dtype, context_length=args.context_length,
                                          device=args.device, cache_dir=args.cache_dir)
     tokenizer = load_tokenizer(model_config.model_path, args.tokenizer_path, cache_dir=args.cache_dir)
@@ -151,27 +155,53 @@ def _build(args: "ServerArgs", paths: "IpcPaths", ctx: Any, sockets: list[Any], 
 def _serve_tp(scheduler: "Scheduler", receiver: Any, reply: Any, tp: Any, stopping: list[int], parent_pid: int) -> None:
     """Lockstep loop of a TP group: each iteration rank 0 gathers its messages (waiting briefly when
     idle) and broadcasts them; every rank handles the same messages and runs the same step, so all
-    ranks make identical scheduling decisions and meet in the model's collectives."""
+    ranks make identical scheduling decisions and meet in the model's collectives.
+
+    Rank 0 stops on a signal or when its parent is gone: it aborts every request on all ranks, then
+    ``broadcast_stop`` tells the others (on other nodes nobody else would). Ranks > 0 stop then, when
+    rank 0's connection closes (its process died), or when their own parent is gone; a rank that
+    leaves breaks rank 0's next broadcast, and node 0 exits with that error."""
     from radixlm.managers.io_struct import AbortReq
-    from radixlm.srt.distributed import broadcast_messages
+    from radixlm.srt.distributed import TpGroupStopped, broadcast_messages, broadcast_stop
 
     leak_checked = True
+    aborted_all = False
     while True:
         msgs = None
         if tp.rank == 0:
+            if aborted_all:
+                # Every rank ran the same step after the abort; now they can be told to stop.
+                try:
+                    broadcast_stop(tp)
+                except RuntimeError:
+                    pass  # a rank is already gone; nothing left to tell it
+                return
             if stopping or os.getppid() != parent_pid:
                 msgs = [AbortReq(abort_all=True, message="server shutting down")]
+                aborted_all = True
             else:
                 msgs = receiver.recv_all_nowait()
                 if not msgs and scheduler.is_idle():
                     msg = receiver.recv(timeout_ms=_IDLE_POLL_MS)
                     msgs = [msg] if msg is not None else []
-        for msg in broadcast_messages(tp, msgs):
+        elif os.getppid() != parent_pid:
+            logger.warning("scheduler rank %d: parent process %d exited; stopping", tp.rank, parent_pid)
+            return
+        try:
+            received = broadcast_messages(tp, msgs)
+        except TpGroupStopped:
+            logger.info("scheduler rank %d: rank 0 stopped (node 0 is shutting down); exiting", tp.rank)
+            return
+        except RuntimeError as e:
+            if tp.rank == 0:
+                raise RuntimeError(f"lost a tensor-parallel rank (its process or node is gone): {e}") from e
+            logger.warning("scheduler rank %d: lost the connection to rank 0 (node 0 is gone: %s); exiting",
+                           tp.rank, " ".join(str(e).split()))
+            return
+        for msg in received:
             out = scheduler.handle_message(msg)
             if out is not None and reply is not None:
                 reply.send(out)
-        if tp.rank == 0 and (stopping or os.getppid() != parent_pid):
-            return  # the other ranks are ended by the launcher (or die with the broken group)
         if not scheduler.is_idle():
             leak_checked = False
             scheduler.step()

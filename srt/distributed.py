@@ -21,23 +21,37 @@ from radixlm.srt.layers.parallel_state import TpGroup
 IDLE_TIMEOUT = datetime.timedelta(days=365)
 
 
-def init_tp_group(rank: int, size: int, init_file: str, device: torch.device) -> TpGroup:
-    """Join the TP group through a rendezvous file; returns this rank's ``TpGroup``.
+# The header rank 0 broadcasts instead of a message count when it stops (``broadcast_stop``).
+_STOP_HEADER = -1
 
-    ``group`` carries model collectives (NCCL on CUDA, gloo on CPU); ``cpu_group`` (gloo) carries
-    the scheduler's message broadcast.
+
+class TpGroupStopped(Exception):
+    """Raised by ``broadcast_messages`` on ranks > 0 when rank 0 announced that it stops."""
+
+
+def init_tp_group(rank: int, size: int, init_method: str, device: torch.device) -> TpGroup:
+    """Join the TP group; returns this rank's ``TpGroup``.
+
+    ``init_method`` is torch.distributed's: ``file://<path>`` (one node: a file in the launch's IPC
+    directory) or ``tcp://HOST:PORT`` (several nodes: rank 0 opens the store there; see
+    ``srt/multinode.py``). ``group`` carries model collectives (NCCL on CUDA, gloo on CPU);
+    ``cpu_group`` (gloo) carries the scheduler's message broadcast.
     """
     if size == 1:
         return TpGroup()
     backend = "nccl" if device.type == "cuda" else "gloo"
-    dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=size,
-                            timeout=IDLE_TIMEOUT)
+    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=size, timeout=IDLE_TIMEOUT)
     cpu_group = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT) if backend == "nccl" else dist.group.WORLD
     return TpGroup(rank=rank, size=size, group=dist.group.WORLD, cpu_group=cpu_group)
 
 
 def broadcast_messages(tp: TpGroup, messages: Optional[list[Message]]) -> list[Message]:
-    """Rank 0 passes its messages; every rank returns the same list (in the same order)."""
+    """Rank 0 passes its messages; every rank returns the same list (in the same order).
+
+    Raises:
+        TpGroupStopped: on ranks > 0, when rank 0 called ``broadcast_stop`` instead.
+        RuntimeError: (gloo) a peer's connection closed: its process is gone.
+    """
     if tp.size == 1:
         return messages or []
     if tp.rank == 0:
@@ -47,6 +61,8 @@ def broadcast_messages(tp: TpGroup, messages: Optional[list[Message]]) -> list[M
     else:
         header = torch.zeros(1, dtype=torch.int64)
     dist.broadcast(header, src=0, group=tp.cpu_group)
+    if tp.rank != 0 and int(header.item()) == _STOP_HEADER:
+        raise TpGroupStopped()
     if tp.rank != 0:
         lengths = torch.zeros(int(header.item()), dtype=torch.int64)
     dist.broadcast(lengths, src=0, group=tp.cpu_group)
@@ -66,6 +82,13 @@ def broadcast_messages(tp: TpGroup, messages: Optional[list[Message]]) -> list[M
         out.append(decode(data[offset:offset + n]))
         offset += n
     return out
+
+
+def broadcast_stop(tp: TpGroup) -> None:
+    """Rank 0, in place of its next ``broadcast_messages``: tell the other ranks to stop (they get
+    ``TpGroupStopped``). With several nodes this is how the other nodes learn that node 0 stops."""
+    if tp.size > 1:
+        dist.broadcast(torch.tensor([_STOP_HEADER], dtype=torch.int64), src=0, group=tp.cpu_group)
 
 
 def all_reduce_min(tp: TpGroup, value: int) -> int:

@@ -10,7 +10,7 @@ oversubscribe the cores (each OpenMP region would then wait for a descheduled th
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any, Callable, Optional, Sequence
 
 from radixlm.srt.server_args import ServerArgs
 
@@ -22,18 +22,19 @@ def scheduler_name(dp_rank: int, tp_rank: int, dp_size: int) -> str:
     return name if tp_rank == 0 else f"{name}-tp{tp_rank}"
 
 
-def scheduler_specs(args: ServerArgs, paths: Any, target: Callable[..., None]
-                    ) -> list[tuple[str, Callable[..., None], tuple]]:
+def scheduler_specs(args: ServerArgs, paths: Any, target: Callable[..., None],
+                    tp_ranks: Optional[Sequence[int]] = None) -> list[tuple[str, Callable[..., None], tuple]]:
     """``(name, target, target_args)`` of every scheduler process: ``target(args, replica_paths, tp_rank)``
     (the launcher appends the ready pipe). ``args`` has the resolved model path; ``cpu_threads`` is
-    set per rank here when the user left it to us."""
+    set per rank here when the user left it to us. ``tp_ranks``: this node's ranks (multi-node TP,
+    where ``dp_size`` is 1 and ``paths`` is None off node 0); default all."""
     from radixlm.srt.cpu_runtime import cpu_threads
 
     if args.dp_size > 1:
         args = dataclasses.replace(args, cpu_threads=cpu_threads(args.cpu_threads, args.tp_size * args.dp_size))
     specs = []
     for dp_rank in range(args.dp_size):
-        replica_paths = paths.for_dp_rank(dp_rank, args.dp_size)
+        replica_paths = paths.for_dp_rank(dp_rank, args.dp_size) if paths is not None else None
         specs += [(scheduler_name(dp_rank, tp_rank, args.dp_size), target, (args, replica_paths, tp_rank))
-                  for tp_rank in range(args.tp_size)]
+                  for tp_rank in (range(args.tp_size) if tp_ranks is None else tp_ranks)]
     return specs

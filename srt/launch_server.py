@@ -75,6 +75,10 @@ def main(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> int:
 
 def launch_server(args: ServerArgs) -> int:
     """Run until SIGTERM/SIGINT (returns 0) or until a process fails (returns 1)."""
+    if args.node_rank > 0:  # another node of a multi-node TP group: its scheduler ranks only
+        from radixlm.srt.worker_node import launch_worker_node
+
+        return launch_worker_node(args)
     logging.basicConfig(level=args.log_level.upper(), force=True,
                         format="[%(asctime)s %(processName)s] %(levelname)s %(name)s: %(message)s")
     stopping: list[int] = []
@@ -104,6 +108,8 @@ def launch_server(args: ServerArgs) -> int:
         paths = IpcPaths.in_new_tempdir()
         logger.info("IPC sockets in %s", paths.root)
         children = _start_children(args, resolved, paths)
+        if args.nnodes > 1:
+            logger.info("waiting for %d more node(s) to join at %s", args.nnodes - 1, args.dist_init_addr)
         if not _wait_ready(children):
             return 1
         serving[0] = True
@@ -133,8 +139,10 @@ def startup_failed(reason: str) -> int:
 
 
 def _start_children(args: ServerArgs, resolved: str, paths: Any) -> list[_Child]:
+    """The detokenizer (when ``paths``: node 0) and this node's scheduler ranks."""
     from radixlm.managers.detokenizer_manager import run_detokenizer_process
     from radixlm.managers.scheduler_process import run_scheduler_process
+    from radixlm.srt.multinode import node_tp_ranks
 
     from radixlm.srt.cpu_runtime import openmp_env
     from radixlm.srt.dp_launch import scheduler_specs
@@ -154,10 +162,11 @@ def _start_children(args: ServerArgs, resolved: str, paths: Any) -> list[_Child]
 
         raise ModelLoadError(str(exc)) from exc
     child_args = dataclasses.replace(args, model_path=resolved, quantization=quantization)
-    specs = [("detokenizer", run_detokenizer_process, (args.tokenizer_path or resolved, paths))]
-    # One scheduler per tensor-parallel rank of each data-parallel replica; rank 0 of a replica owns
-    # its sockets (DESIGN.md section 2).
-    specs += scheduler_specs(child_args, paths, run_scheduler_process)
+    specs = [("detokenizer", run_detokenizer_process, (args.tokenizer_path or resolved, paths))] if paths else []
+    # One scheduler per tensor-parallel rank of each data-parallel replica on this node; rank 0 of a
+    # replica owns its sockets (DESIGN.md section 2).
+    specs += scheduler_specs(child_args, paths, run_scheduler_process,
+                             tp_ranks=node_tp_ranks(args.tp_size, args.nnodes, args.node_rank))
     children = []
     for name, target, target_args in specs:
         reader, writer = ctx.Pipe(duplex=False)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, get_type_hints
 
 from radixlm.srt.function_call import TOOL_CALL_PARSERS
+from radixlm.srt.multinode import node_layout_error
 from radixlm.srt.reasoning_parser import REASONING_PARSERS
 
 SCHEDULE_POLICIES = ("lpm", "fcfs")
@@ -64,6 +65,14 @@ class ServerArgs:
                                                           "with AMX-BF16 or AVX512-BF16 units, else float32"})
     context_length: Optional[int] = field(default=None, metadata={"help": "override the model's context length"})
     tp_size: int = field(default=1, metadata={"help": "tensor-parallel ranks"})
+    # Multi-node tensor parallelism (SGLang's flags; srt/multinode.py).
+    nnodes: int = field(default=1, metadata={"help": (
+        "nodes the --tp-size ranks are spread over, tp_size / nnodes each; node 0 serves HTTP, the others run "
+        "only their scheduler ranks and exit when node 0 stops")})
+    node_rank: int = field(default=0, metadata={"help": "this node's index, 0..nnodes-1"})
+    dist_init_addr: Optional[str] = field(default=None, metadata={"help": (
+        "HOST:PORT where node 0 opens the torch.distributed rendezvous (tcp); the same on every node, needed "
+        "with --nnodes > 1")})
     cpu_threads: Optional[int] = field(default=None, metadata={"help": (
         "intra-op CPU threads per scheduler rank (default: OMP_NUM_THREADS, else the available cores "
         "split between the TP ranks of all --dp-size replicas)")})
@@ -188,6 +197,9 @@ class ServerArgs:
             raise ServerArgsError(f"--responses-store-size must be >= 0, got {self.responses_store_size}")
         if self.tp_size < 1:
             raise ServerArgsError(f"--tp-size must be >= 1, got {self.tp_size}")
+        nodes_problem = node_layout_error(self.tp_size, self.nnodes, self.node_rank, self.dist_init_addr)
+        if nodes_problem is not None:
+            raise ServerArgsError(nodes_problem)
         if self.chunked_prefill_size != -1 and self.chunked_prefill_size < 1:
             raise ServerArgsError("--chunked-prefill-size must be -1 (off) or >= 1")
         if self.max_running_requests < 1:
@@ -299,6 +311,9 @@ class ServerArgs:
                                   f"got {self.load_balance_method!r}")
         if self.dp_size < 1:
             raise ServerArgsError(f"--dp-size must be >= 1, got {self.dp_size}")
+        if self.dp_size > 1 and self.nnodes > 1:
+            raise ServerArgsError("--dp-size > 1 with --nnodes > 1 is not supported yet (multi-node runs one replica "
+                                  "whose TP ranks span the nodes)")
         if not 0 <= self.router_cache_threshold <= 1:
             raise ServerArgsError(f"--router-cache-threshold must be in [0, 1], got {self.router_cache_threshold}")
         if self.router_balance_abs_threshold < 0:

@@ -30,7 +30,7 @@ def _rank_main(rank: int, size: int, init_file: str, model_path: str, prompts: l
     torch.set_num_threads(1)
     args = ServerArgs(model_path=model_path, tp_size=size, max_total_tokens=2048, chunked_prefill_size=16, page_size=4,
                       **extra)
-    tp = init_tp_group(rank, size, init_file, torch.device("cpu"))
+    tp = init_tp_group(rank, size, f"file://{init_file}", torch.device("cpu"))
     mc = ModelConfig.from_path(model_path)
     worker = TpModelWorker(mc, args, tp)
     outputs: dict[str, list[int]] = {}

@@ -1,0 +1,1 @@
+from tests.server.conftest import launch  # noqa: F401  (the same server factory fixture)
