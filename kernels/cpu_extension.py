@@ -72,6 +72,9 @@ def load_cpu_kernels() -> None:
     build_dir = cache / f"torch{torch.__version__.split('+')[0]}-{cap.lower()}-{_sources_digest()}"
     try:
         build_dir.mkdir(parents=True, exist_ok=True)
+        if not any(build_dir.glob("*.so")):
+            logger.info("compiling radixlm's C++ CPU kernels into %s (first start only: 1-2 min on idle cores, "
+                        "several minutes on a busy machine)", build_dir)
         # -ffp-contract=off: no fused multiply-adds the source does not ask for, so the elementwise
         # kernels round as the torch ops they replace (GCC contracts even intrinsics otherwise).
         cpp_extension.load(name=f"radixlm_cpu_{cap.lower()}", sources=[str(s) for s in SOURCES],

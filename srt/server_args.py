@@ -221,6 +221,11 @@ class ServerArgs:
         if self.speculative_algorithm is not None and self.speculative_algorithm.upper() not in SPECULATIVE_ALGORITHMS:
             raise ServerArgsError(f"--speculative-algorithm must be one of {', '.join(SPECULATIVE_ALGORITHMS)}, "
                                   f"got {self.speculative_algorithm!r}")
+        if self.speculative_algorithm is None:
+            changed = [f.name for f in dataclasses.fields(self) if f.name.startswith("speculative_")
+                       and f.name != "speculative_algorithm" and getattr(self, f.name) != f.default]
+            if changed:
+                raise ServerArgsError(f"--{changed[0].replace('_', '-')} needs --speculative-algorithm NGRAM")
         if self.speculative_num_draft_tokens < 2:
             raise ServerArgsError(f"--speculative-num-draft-tokens must be >= 2, got {self.speculative_num_draft_tokens}")
         lo, hi = self.speculative_ngram_min_match_window_size, self.speculative_ngram_max_match_window_size

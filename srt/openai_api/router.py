@@ -63,8 +63,8 @@ def _tool_parser(server_args: Any, template: ChatTemplate) -> Any:
         name, how = detect_tool_parser(template.text), "the chat template"
     if name is None:
         name = DEFAULT_TOOL_CALL_PARSER
-        how = "the default (the chat template has no tool format)" if not template.supports_tools else \
-            "the default (the chat template's tool format is not recognised; set --tool-call-parser)"
+        how = "the default: the chat template has no tool format" if not template.supports_tools else \
+            "the default: the chat template's tool format is not recognised; set --tool-call-parser"
     logger.info("tool-call parser: %s (%s)", name, how)
     return create_tool_parser(name)
 

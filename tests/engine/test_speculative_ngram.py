@@ -166,7 +166,8 @@ def test_small_draft_length_and_windows(stories_path, off):
 @pytest.mark.parametrize("kwargs,msg", [({"speculative_algorithm": "EAGLE"}, "--speculative-algorithm"),
                                         ({"speculative_num_draft_tokens": 1}, "--speculative-num-draft-tokens"),
                                         ({"speculative_ngram_min_match_window_size": 4,
-                                          "speculative_ngram_max_match_window_size": 3}, "window")])
+                                          "speculative_ngram_max_match_window_size": 3}, "window"),
+                                        ({"speculative_num_draft_tokens": 4}, "needs --speculative-algorithm NGRAM")])
 def test_bad_speculative_options_are_refused(stories_path, kwargs, msg):
     with pytest.raises(ServerArgsError, match=msg):
         Engine(stories_path, max_total_tokens=512, **kwargs)
