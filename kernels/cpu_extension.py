@@ -12,12 +12,14 @@ AVX-512 or AVX2 via ATen's ``at::vec`` (the ``CPU_CAPABILITY_*`` macros), else s
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import hashlib
 import logging
 import os
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +58,27 @@ def _sources_digest() -> str:
     return digest.hexdigest()[:12]
 
 
+@contextlib.contextmanager
+def build_lock(build_dir: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``build_dir/radixlm-build.lock`` while building or loading.
+
+    torch's own build lock is a plain file (``build_dir/lock``) that a process killed mid-build (a
+    Ctrl-C during the first start) leaves behind, after which every later build waits for it forever.
+    An flock is released by the kernel when its holder dies, so whoever holds ours knows no other
+    radixlm process is building here: a torch lock file found then is stale and is removed (warned).
+    """
+    with open(build_dir / "radixlm-build.lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)  # waits while another process builds; never for a dead one
+        try:
+            stale = build_dir / "lock"
+            if stale.exists():
+                logger.warning("removing %s, left by a kernel build that was interrupted", stale)
+                stale.unlink(missing_ok=True)
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 @functools.lru_cache(maxsize=None)
 def load_cpu_kernels() -> None:
     """Build (once per machine) and load the kernels into ``torch.ops.radixlm_cpu``.
@@ -72,14 +95,16 @@ def load_cpu_kernels() -> None:
     build_dir = cache / f"torch{torch.__version__.split('+')[0]}-{cap.lower()}-{_sources_digest()}"
     try:
         build_dir.mkdir(parents=True, exist_ok=True)
-        if not any(build_dir.glob("*.so")):
-            logger.info("compiling radixlm's C++ CPU kernels into %s (first start only: 1-2 min on idle cores, "
-                        "several minutes on a busy machine)", build_dir)
-        # -ffp-contract=off: no fused multiply-adds the source does not ask for, so the elementwise
-        # kernels round as the torch ops they replace (GCC contracts even intrinsics otherwise).
-        cpp_extension.load(name=f"radixlm_cpu_{cap.lower()}", sources=[str(s) for s in SOURCES],
-                           extra_cflags=["-O3", "-fno-math-errno", "-ffp-contract=off", *_CAPABILITY_FLAGS.get(cap, [])],
-                           build_directory=str(build_dir), is_python_module=False, verbose=False)
+        with build_lock(build_dir):
+            if not any(build_dir.glob("*.so")):
+                logger.info("compiling radixlm's C++ CPU kernels into %s (first start only: 1-2 min on idle cores, "
+                            "several minutes on a busy machine)", build_dir)
+            # -ffp-contract=off: no fused multiply-adds the source does not ask for, so the elementwise
+            # kernels round as the torch ops they replace (GCC contracts even intrinsics otherwise).
+            cpp_extension.load(name=f"radixlm_cpu_{cap.lower()}", sources=[str(s) for s in SOURCES],
+                               extra_cflags=["-O3", "-fno-math-errno", "-ffp-contract=off",
+                                             *_CAPABILITY_FLAGS.get(cap, [])],
+                               build_directory=str(build_dir), is_python_module=False, verbose=False)
     except Exception as e:  # compiler missing, ninja missing, build error
         raise CpuKernelsUnavailable(f"building radixlm's C++ CPU kernels in {build_dir} failed: {e}") from e
     missing = [op for op in OPS if not hasattr(torch.ops.radixlm_cpu, op)]

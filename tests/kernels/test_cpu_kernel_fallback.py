@@ -26,3 +26,24 @@ def test_cpu_backend_without_a_compiler_is_a_clear_error(tmp_path):
     assert "BACKEND torch_native" in out.stdout
     assert "the C++ CPU kernel is unavailable" in out.stderr
     assert "EXPLICIT CpuKernelsUnavailable building radixlm's C++ CPU kernels" in out.stdout
+
+
+def test_build_lock_removes_a_stale_torch_lock_and_excludes_other_builders(tmp_path):
+    """A torch build lock left by a killed build no longer blocks later starts; a live builder does."""
+    import fcntl
+
+
+    from radixlm.kernels.cpu_extension import build_lock
+
+    (tmp_path / "lock").write_text("")  # what an interrupted cpp_extension build leaves behind
+    with build_lock(tmp_path):
+        assert not (tmp_path / "lock").exists()
+        # another process cannot take the build lock while this one holds it
+        probe = ("import fcntl, sys; f = open(sys.argv[1], 'w')\n"
+                 "try:\n    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB); print('got')\n"
+                 "except BlockingIOError:\n    print('busy')")
+        out = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "radixlm-build.lock")],
+                             capture_output=True, text=True, timeout=60).stdout.strip()
+        assert out == "busy"
+    with open(tmp_path / "radixlm-build.lock") as f:  # released afterwards
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
