@@ -133,7 +133,8 @@ class DataParallelController:
         return [{"dp_rank": r, "load": self.loads[r], "num_routed_reqs": self.routed[r]} for r in range(self.size)]
 
 
-_SAME_IN_EVERY_REPLICA = ("page_size", "context_len", "attention_backend", "gemm_backend", "elementwise_backend")
+_SAME_IN_EVERY_REPLICA = ("page_size", "context_len", "attention_backend", "gemm_backend", "elementwise_backend",
+                          "quantization", "quantized_layers")
 
 
 def merge_internal_states(states: Sequence[InternalState]) -> InternalState:
