@@ -49,10 +49,18 @@ def _capability() -> str:
     return cap if cap in _CAPABILITY_FLAGS else "DEFAULT"
 
 
+def _cflags(cap: str) -> list[str]:
+    """-fopenmp: at::parallel_for is inline, so without it every kernel runs on one thread (the OpenMP
+    calls resolve to the libgomp torch itself loads, so there is one thread pool). -ffp-contract=off:
+    no fused multiply-adds the source does not ask for, so the elementwise kernels round as the torch
+    ops they replace (GCC contracts even intrinsics otherwise)."""
+    return ["-O3", "-fno-math-errno", "-ffp-contract=off", "-fopenmp", *_CAPABILITY_FLAGS.get(cap, [])]
+
+
 def _sources_digest() -> str:
     """12 hex digits of the sources' content: checkouts with different kernel sources (two versions
     installed side by side) build into different folders instead of rebuilding one in turn."""
-    digest = hashlib.sha256()
+    digest = hashlib.sha256(" ".join(_cflags(_capability())).encode())
     for source in SOURCES:
         digest.update(source.name.encode() + b"\0" + source.read_bytes())
     return digest.hexdigest()[:12]
@@ -99,12 +107,9 @@ def load_cpu_kernels() -> None:
             if not any(build_dir.glob("*.so")):
                 logger.info("compiling radixlm's C++ CPU kernels into %s (first start only: 1-2 min on idle cores, "
                             "several minutes on a busy machine)", build_dir)
-            # -ffp-contract=off: no fused multiply-adds the source does not ask for, so the elementwise
-            # kernels round as the torch ops they replace (GCC contracts even intrinsics otherwise).
             cpp_extension.load(name=f"radixlm_cpu_{cap.lower()}", sources=[str(s) for s in SOURCES],
-                               extra_cflags=["-O3", "-fno-math-errno", "-ffp-contract=off",
-                                             *_CAPABILITY_FLAGS.get(cap, [])],
-                               build_directory=str(build_dir), is_python_module=False, verbose=False)
+                               extra_cflags=_cflags(cap), build_directory=str(build_dir), is_python_module=False,
+                               verbose=False)
     except Exception as e:  # compiler missing, ninja missing, build error
         raise CpuKernelsUnavailable(f"building radixlm's C++ CPU kernels in {build_dir} failed: {e}") from e
     missing = [op for op in OPS if not hasattr(torch.ops.radixlm_cpu, op)]
