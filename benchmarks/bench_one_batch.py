@@ -77,7 +77,8 @@ def decode_flops_per_token(engine: Engine, context: float) -> float:
     """Model FLOPs of one decode token at an attended context of ``context`` tokens."""
     model = engine.worker.model_runner.model
     # logical weights of the linears and the LM head (a quantized weight's tensor holds bytes, not weights)
-    linear = sum(m.weight.shape[0] * getattr(m.gemm, "in_features", m.weight.shape[1])
+    # (the cpu backend's packed weights are (out / 16, in, 16): numel is still out x in)
+    linear = sum((m.weight.shape[0] * m.gemm.in_features) if hasattr(m.gemm, "in_features") else m.weight.numel()
                  for m in model.modules() if hasattr(m, "process_weights_after_loading"))
     cfg = engine.model_config
     attn = 4 * cfg.num_hidden_layers * cfg.num_attention_heads * cfg.head_dim * context
