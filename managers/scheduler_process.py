@@ -193,6 +193,9 @@ def _serve_tp(scheduler: "Scheduler", receiver: Any, reply: Any, tp: Any, stoppi
             logger.info("scheduler rank %d: rank 0 stopped (node 0 is shutting down); exiting", tp.rank)
             return
         except RuntimeError as e:
+            if tp.rank == 0 and (stopping or aborted_all):  # the launcher stops every rank at once
+                logger.info("scheduler rank 0: the other ranks have already stopped")
+                return
             if tp.rank == 0:
                 raise RuntimeError(f"lost a tensor-parallel rank (its process or node is gone): {e}") from e
             logger.warning("scheduler rank %d: lost the connection to rank 0 (node 0 is gone: %s); exiting",

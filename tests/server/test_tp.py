@@ -49,3 +49,4 @@ def test_tp2_server_equals_engine(launch, stories_path, qwen2_path, which):
     log = server.log()
     assert "scheduler-tp1" in log
     assert server.stop() == 0
+    assert "crashed" not in server.log() and "Traceback" not in server.log()  # a clean SIGTERM is quiet
