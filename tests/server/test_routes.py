@@ -50,7 +50,11 @@ def test_server_info_has_every_server_arg(http):
     assert state["elementwise_backend"] == state["attention_backend"]  # both: the C++ kernels where they build
     import torch
 
-    assert state["gemm_backend"] == ("onednn" if onednn_supports(getattr(torch, info["model_dtype"])) else "torch_native")
+    dtype = getattr(torch, info["model_dtype"])
+    if dtype == torch.float32 and cpu_kernels_error() is None:
+        assert state["gemm_backend"] == "cpu"  # the packed-panel C++ GEMM
+    else:
+        assert state["gemm_backend"] == ("onednn" if onednn_supports(dtype) else "torch_native")
 
 
 def test_flush_cache_frees_the_pool_and_is_refused_while_busy(endless_server):
