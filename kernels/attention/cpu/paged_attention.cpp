@@ -29,6 +29,10 @@
 #include <ATen/cpu/vec/functional.h>
 #include <torch/library.h>
 
+#if defined(CPU_CAPABILITY_AVX2) || defined(CPU_CAPABILITY_AVX512)
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -120,11 +124,59 @@ struct RowState {
   float* acc;  // (T * H, D)
 };
 
+#if defined(CPU_CAPABILITY_AVX2) || defined(CPU_CAPABILITY_AVX512)
+inline __m256 load8_as_float(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8_as_float(const at::BFloat16* p) {  // exact: a bf16 is the top half of an fp32
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+inline __m256 load8_as_float(const at::Half* p) {  // exact (F16C)
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+// dst[c * ld + r] = float(rows[r][c0 + c]) for an 8 x 8 block (rows r = 0..7, columns c = 0..7): the
+// unpack / shuffle / permute transpose, 24 shuffles instead of 64 scalar loads and strided stores.
+template <typename T>
+inline void transpose8x8(const T* const* rows, int64_t c0, float* dst, int64_t ld) {
+  __m256 r[8], t[8], u[8];
+  for (int i = 0; i < 8; ++i) r[i] = load8_as_float(rows[i] + c0);
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 2; ++i) {
+    u[4 * i] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    u[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    u[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    u[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  for (int i = 0; i < 4; ++i) {
+    _mm256_storeu_ps(dst + i * ld, _mm256_permute2f128_ps(u[i], u[4 + i], 0x20));
+    _mm256_storeu_ps(dst + (4 + i) * ld, _mm256_permute2f128_ps(u[i], u[4 + i], 0x31));
+  }
+}
+#endif
+
 // Keys [j0, j0 + n) of one KV head: K transposed into kT (D, BLOCK) fp32, zero-padded to a whole
 // vector of keys, and pointers to the fp32 V rows (converted into vblock unless the pool is fp32).
+// With AVX2, K is transposed 8 keys x 8 dimensions at a time (pad keys read a zero row); values are
+// moved (and widened exactly), not computed, so both ways give the same kT.
 template <typename T>
 inline void load_block(const T* kh, const T* vh, const int64_t* slot_row, int64_t j0, int64_t n, int64_t d,
                        float* kT, std::vector<float>& vblock, const float** vrows) {
+#if defined(CPU_CAPABILITY_AVX2) || defined(CPU_CAPABILITY_AVX512)
+  if (d % 8 == 0 && d <= 256) {
+    static thread_local T zeros[256] = {};
+    const int64_t padded = (n + Vec::size() - 1) / Vec::size() * Vec::size();
+    for (int64_t j = 0; j < padded; j += 8) {
+      const T* rows[8];
+      for (int r = 0; r < 8; ++r) rows[r] = j + r < n ? kh + slot_row[j0 + j + r] * d : zeros;
+      for (int64_t c = 0; c < d; c += 8) transpose8x8<T>(rows, c, kT + c * BLOCK + j, BLOCK);
+    }
+    for (int64_t j = 0; j < n; ++j) vrows[j] = as_float<T>(vh + slot_row[j0 + j] * d, vblock.data() + j * d, d);
+    return;
+  }
+#endif
   for (int64_t j = 0; j < n; ++j) {
     const int64_t slot = slot_row[j0 + j];
     const T* kr = kh + slot * d;
