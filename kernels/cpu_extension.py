@@ -27,8 +27,9 @@ SOURCES = [Path(__file__).parent / "attention" / "cpu" / "paged_attention.cpp",
            Path(__file__).parent / "elementwise" / "cpu" / "elementwise.cpp",
            Path(__file__).parent / "gemm" / "cpu" / "gemm.cpp",
            Path(__file__).parent / "quant" / "cpu" / "quant_gemm.cpp"]
+HEADERS = [Path(__file__).parent / "gemm" / "cpu" / "microkernel.h"]  # included by SOURCES: part of the digest
 OPS = ("paged_attention", "add_rms_norm_", "rope", "silu_and_mul", "pack_linear_weight", "linear_packed",
-       "quant_linear", "quant_dequantize")
+       "quant_linear", "quant_dequantize", "quant_linear_panels")
 _CAPABILITY_FLAGS = {
     "AVX512": ["-DCPU_CAPABILITY=AVX512", "-DCPU_CAPABILITY_AVX512", "-mavx512f", "-mavx512bw", "-mavx512vl",
                "-mavx512dq", "-mfma", "-mf16c"],
@@ -61,7 +62,7 @@ def _sources_digest() -> str:
     """12 hex digits of the sources' content: checkouts with different kernel sources (two versions
     installed side by side) build into different folders instead of rebuilding one in turn."""
     digest = hashlib.sha256(" ".join(_cflags(_capability())).encode())
-    for source in SOURCES:
+    for source in [*SOURCES, *HEADERS]:
         digest.update(source.name.encode() + b"\0" + source.read_bytes())
     return digest.hexdigest()[:12]
 

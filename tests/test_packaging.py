@@ -25,12 +25,14 @@ def test_kernel_sources_ship_as_package_data():
     """The C++ CPU kernels are compiled on first use from the installed sources: a wheel must carry them."""
     import fnmatch
 
-    from radixlm.kernels.cpu_extension import SOURCES
+    from radixlm.kernels.cpu_extension import HEADERS, SOURCES
 
     cfg = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
     patterns = cfg["package-data"]["radixlm.kernels"]
     kernels = REPO / cfg["package-dir"]["radixlm.kernels"]
-    for src in SOURCES:
+    for src in [*SOURCES, *HEADERS]:
         assert src.exists()
         assert any(fnmatch.fnmatch(str(src.relative_to(kernels)), p) for p in patterns), src
     assert {p.name for p in kernels.rglob("*.cpp")} == {s.name for s in SOURCES}
+    # headers are in the build folder's digest: one left out would leave a stale build after an edit
+    assert {p.name for p in kernels.rglob("*.h")} == {h.name for h in HEADERS}

@@ -12,8 +12,13 @@ the layer's weight into the packed uint8 rows of ``formats.py`` — quantizing t
   4-bit linear on one AVX2 core, but on the demo model's chat prompt the rounding of its outlier
   activations changed the answer ("The capital of France is Paris." became unrelated text), so
   the models run without it (docs/benchmarks.md).
-- larger M (prefill): the weight dequantized to fp32 (``quant_dequantize``) and the fp32 GEMM, which
-  is compute-bound there and exact for the dequantized weight.
+- larger M (batched decode, prefill): ``torch.ops.radixlm_cpu.quant_linear_panels``: each thread
+  unpacks 16 output features at a time into fp32 scratch in the packed GEMM's panel layout and runs
+  the fp32 register-blocked microkernel (``kernels/gemm/cpu/microkernel.h``) over all M rows, so the
+  compressed weight is read once and no dequantized copy is written; bitwise the fp32 packed GEMM
+  (``kernels/gemm/cpu.py``) on the dequantized weight. Measured per call at SmolLM2-135M's shapes
+  (one thread, CPU time): at M = 32, 0.56x quant_linear's time and 0.39x dequantize + ``F.linear``'s
+  (docs/benchmarks.md, "Quantized weights, part 2").
 
 The held weight is the packed tensor, so ``numel() * element_size()`` is its real size in bytes.
 """
@@ -29,9 +34,9 @@ from radixlm.kernels.cpu_extension import load_cpu_kernels
 from radixlm.kernels.gemm.base import GemmBackend
 from radixlm.kernels.quant.formats import get_format, quantize_int8
 
-# Rows of x up to which the decode kernel runs; beyond it dequantize + fp32 GEMM is as fast or faster
+# Rows of x up to which the decode kernel runs; beyond it the panel kernel is faster
 # (benchmarks/bench_quant_gemm.py; docs/benchmarks.md, "Quantized weights").
-SMALL_M = 64
+SMALL_M = 8
 
 
 class QuantGemm(GemmBackend):
@@ -62,6 +67,7 @@ class QuantGemm(GemmBackend):
         load_cpu_kernels()
         self._linear = torch.ops.radixlm_cpu.quant_linear
         self._dequantize = torch.ops.radixlm_cpu.quant_dequantize
+        self._panels = torch.ops.radixlm_cpu.quant_linear_panels
 
     def prepare(self, weight: torch.Tensor) -> torch.Tensor:
         if weight.dtype == torch.uint8:
@@ -90,5 +96,5 @@ class QuantGemm(GemmBackend):
             if bias is not None:
                 y = y + bias.float()
         else:
-            y = F.linear(xf, self.dequantize(weight), None if bias is None else bias.float())
+            y = self._panels(xf, weight, self.format.code, self.in_features, None if bias is None else bias.float())
         return y.to(x.dtype).view(*lead, y.shape[-1])

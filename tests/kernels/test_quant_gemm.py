@@ -114,13 +114,33 @@ def test_quant_gemm_backend_both_paths(fmt, int8_activations):
         assert y.shape == (2, m, n)
         if 2 * m <= quant_gemm.SMALL_M:
             ref = F.linear(rounded(x.reshape(-1, k)), wd, bias).view(2, m, n)
-        else:  # prefill: dequantize + fp32 GEMM, exact for the dequantized weight
-            ref = F.linear(x, wd, bias)
+        else:  # batched: the panel kernel = the fp32 packed GEMM on the dequantized weight, bitwise
+            ops = _ops()
+            ref = ops.linear_packed(x.reshape(-1, k), ops.pack_linear_weight(wd), bias).view(2, m, n)
+            assert torch.equal(y, ref)
         torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-4)
     xb = torch.randn(3, k).bfloat16()
     yb = backend.linear(xb, packed)
     assert yb.dtype == torch.bfloat16
     torch.testing.assert_close(yb.float(), F.linear(rounded(xb.float()), wd), rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+@pytest.mark.parametrize("n", [48, 40, 36, 18, 7])  # panel widths 16, 8, 4, 2, 1
+def test_panel_kernel_is_the_packed_fp32_gemm_of_the_dequantized_weight(fmt, n):
+    ops = _ops()
+    k = 576 if n == 48 else 96
+    w = _weight(n, k, 11)
+    packed = _pack(fmt, w)
+    wd = ops.quant_dequantize(packed, get_format(fmt).code, k)
+    dense = ops.pack_linear_weight(wd)
+    bias = torch.randn(n)
+    for m in (1, 5, 9, 32, 97, 200):  # tiles of every height, more than one row block
+        x = torch.randn(m, k)
+        y = ops.quant_linear_panels(x, packed, get_format(fmt).code, k, bias)
+        assert torch.equal(y, ops.linear_packed(x, dense, bias)), (m, n)
+        assert torch.equal(ops.quant_linear_panels(x[3:4], packed, get_format(fmt).code, k, bias), y[3:4])  # row alone
+        torch.testing.assert_close(y, F.linear(x, wd, bias), rtol=1e-5, atol=1e-4)
 
 
 def test_bad_shapes_are_clear_errors():
@@ -138,6 +158,10 @@ def test_bad_shapes_are_clear_errors():
     packed = _pack("q4_1", _weight(4, 64, 1))
     with pytest.raises(RuntimeError, match="needs 40"):
         ops.quant_linear(torch.randn(1, 64), packed[:, :30].contiguous(), get_format("q4_1").code, 64, True)
+    with pytest.raises(RuntimeError, match="float32 \\(M, 64\\)"):
+        ops.quant_linear_panels(torch.randn(2, 32), packed, get_format("q4_1").code, 64, None)
+    with pytest.raises(RuntimeError, match="bias must be"):
+        ops.quant_linear_panels(torch.randn(2, 64), packed, get_format("q4_1").code, 64, torch.randn(5))
     with pytest.raises(RuntimeError, match="x must be a CPU float32"):
         ops.quant_linear(torch.randn(1, 32), packed, get_format("q4_1").code, 64, True)
     with pytest.raises(RuntimeError, match="unknown quantized format"):

@@ -42,6 +42,8 @@
 #include <immintrin.h>
 #endif
 
+#include "../../gemm/cpu/microkernel.h"
+
 namespace {
 
 constexpr int64_t QK = 32;  // weights per block
@@ -462,11 +464,135 @@ at::Tensor quant_dequantize(const at::Tensor& w, int64_t fmt, int64_t K) {
   return out;
 }
 
+// ---------------------------------------------------------------------------------------------------
+// quant_linear_panels(x, w, fmt, K, bias?): the batched kernel (prefill, large decode batches). Each
+// thread takes panels of PW output features (kernels/gemm/cpu/microkernel.h), unpacks the panel's
+// rows with dequantize_row into fp32 scratch (K x PW, k-major: the packed GEMM's panel layout) and
+// runs the fp32 register-blocked microkernel over all M rows of x with it. The weights are read in
+// their compressed form, once per call; the arithmetic is the fp32 GEMM's, so the result is bitwise
+// linear_packed(x, pack_linear_weight(quant_dequantize(w))) (+ bias), whatever M or the thread.
+
+// (pw, K) rows -> (K, pw) panel.
+inline void transpose_rows_to_panel(const float* rows, int64_t pw, int64_t K, float* panel) {
+#ifdef RADIXLM_QUANT_AVX2
+  if (pw % 8 == 0 && K % 8 == 0) {
+    for (int64_t j0 = 0; j0 < pw; j0 += 8) {
+      for (int64_t k0 = 0; k0 < K; k0 += 8) {
+        __m256 r[8], t[8], u[8];
+        for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(rows + (j0 + i) * K + k0);
+        for (int i = 0; i < 4; ++i) {
+          t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+          t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+        }
+        for (int i = 0; i < 2; ++i) {
+          u[4 * i] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+          u[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+          u[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+          u[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+        }
+        float* dst = panel + k0 * pw + j0;
+        for (int i = 0; i < 4; ++i) {
+          _mm256_storeu_ps(dst + i * pw, _mm256_permute2f128_ps(u[i], u[4 + i], 0x20));
+          _mm256_storeu_ps(dst + (4 + i) * pw, _mm256_permute2f128_ps(u[i], u[4 + i], 0x31));
+        }
+      }
+    }
+    return;
+  }
+#endif
+  for (int64_t j = 0; j < pw; ++j)
+    for (int64_t k = 0; k < K; ++k) panel[k * pw + j] = rows[j * K + k];
+}
+
+// dequantize_row with AVX2: the same products and sums (d * q, then + m; no fused multiply-add), so
+// the same floats, 8 at a time.
+template <int64_t FMT>
+void dequantize_row_vec(const uint8_t* row, int64_t K, float* out) {
+#ifdef RADIXLM_QUANT_AVX2
+  const int64_t nb = K / QK;
+  const __m256 rs = _mm256_set1_ps(FMT == INT8 ? load_f32(row) : 1.f);
+  for (int64_t b = 0; b < nb; ++b) {
+    const Block blk = block_at<FMT>(row, b);
+    float* o = out + b * QK;
+    if constexpr (FMT == INT8 || FMT == Q8_0) {
+      const __m256 d = FMT == INT8 ? rs : _mm256_set1_ps(blk.d);
+      for (int i = 0; i < QK; i += 8) {
+        const __m128i q8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk.q + i));
+        const __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8));
+        _mm256_storeu_ps(o + i, FMT == INT8 ? _mm256_mul_ps(d, q) : _mm256_mul_ps(q, d));
+      }
+    } else {
+      const __m256 d = _mm256_set1_ps(blk.d), m = _mm256_set1_ps(blk.m), eight = _mm256_set1_ps(8.f);
+      const __m256i lo_mask = _mm256_set1_epi32(0x0F);
+      for (int i = 0; i < 16; i += 8) {
+        const __m256i bytes = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk.q + i)));
+        __m256 lo = _mm256_cvtepi32_ps(_mm256_and_si256(bytes, lo_mask));
+        __m256 hi = _mm256_cvtepi32_ps(_mm256_srli_epi32(bytes, 4));
+        if constexpr (FMT == Q4_0) {  // d * (q - 8): the subtraction is exact in floats
+          lo = _mm256_mul_ps(d, _mm256_sub_ps(lo, eight));
+          hi = _mm256_mul_ps(d, _mm256_sub_ps(hi, eight));
+        } else {
+          lo = _mm256_add_ps(_mm256_mul_ps(d, lo), m);
+          hi = _mm256_add_ps(_mm256_mul_ps(d, hi), m);
+        }
+        _mm256_storeu_ps(o + i, lo);
+        _mm256_storeu_ps(o + 16 + i, hi);
+      }
+    }
+  }
+#else
+  dequantize_row<FMT>(row, K, out);
+#endif
+}
+
+template <int64_t FMT>
+void linear_panels_impl(const float* xp, int64_t ldx, int64_t M, const uint8_t* wp, int64_t rb, int64_t N, int64_t K,
+                        const float* bp, float* yp) {
+  const int64_t pw = radixlm_gemm::panel_width(N), panels = N / pw;
+  at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
+    std::vector<float> rows(pw * K), panel(K * pw);
+    for (int64_t p = p0; p < p1; ++p) {
+      for (int64_t j = 0; j < pw; ++j) dequantize_row_vec<FMT>(wp + (p * pw + j) * rb, K, rows.data() + j * K);
+      transpose_rows_to_panel(rows.data(), pw, K, panel.data());
+      for (int64_t m0 = 0; m0 < M; m0 += radixlm_gemm::kRowBlock)
+        radixlm_gemm::panel_rows<float>(xp, ldx, m0, std::min(M, m0 + radixlm_gemm::kRowBlock), panel.data(), pw, K,
+                                        yp + p * pw, N, bp != nullptr ? bp + p * pw : nullptr);
+    }
+  });
+}
+
+at::Tensor quant_linear_panels(const at::Tensor& x, const at::Tensor& w, int64_t fmt, int64_t K,
+                               const c10::optional<at::Tensor>& bias) {
+  check_weight(w, fmt, K);
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.size(1) == K,
+              "quant_linear_panels: x must be a float32 (M, ", K, ") tensor");
+  const int64_t M = x.size(0), N = w.size(0);
+  const bool has_bias = bias.has_value() && bias->defined();
+  if (has_bias)
+    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == N && bias->scalar_type() == at::kFloat && bias->is_contiguous(),
+                "quant_linear_panels: bias must be a contiguous float32 (", N, ",) tensor");
+  const at::Tensor xc = x.stride(1) == 1 ? x : x.contiguous();
+  at::Tensor y = at::empty({M, N}, x.options());
+  const float* xp = xc.data_ptr<float>();
+  const float* bp = has_bias ? bias->data_ptr<float>() : nullptr;
+  const uint8_t* wp = w.data_ptr<uint8_t>();
+  const int64_t rb = w.size(1), ldx = xc.stride(0);
+  switch (fmt) {
+    case INT8: linear_panels_impl<INT8>(xp, ldx, M, wp, rb, N, K, bp, y.data_ptr<float>()); break;
+    case Q8_0: linear_panels_impl<Q8_0>(xp, ldx, M, wp, rb, N, K, bp, y.data_ptr<float>()); break;
+    case Q4_0: linear_panels_impl<Q4_0>(xp, ldx, M, wp, rb, N, K, bp, y.data_ptr<float>()); break;
+    case Q4_1: linear_panels_impl<Q4_1>(xp, ldx, M, wp, rb, N, K, bp, y.data_ptr<float>()); break;
+  }
+  return y;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(radixlm_cpu, m) {
   m.def("quant_linear(Tensor x, Tensor w, int fmt, int in_features, bool int8_activations) -> Tensor");
   m.def("quant_dequantize(Tensor w, int fmt, int in_features) -> Tensor");
+  m.def("quant_linear_panels(Tensor x, Tensor w, int fmt, int in_features, Tensor? bias) -> Tensor");
   m.impl("quant_linear", c10::DispatchKey::CPU, &quant_linear);
   m.impl("quant_dequantize", c10::DispatchKey::CPU, &quant_dequantize);
+  m.impl("quant_linear_panels", c10::DispatchKey::CPU, &quant_linear_panels);
 }

@@ -1,0 +1,130 @@
+// The register-blocked GEMM microkernel over panel-packed weights (BLIS / GotoBLAS scheme: Goto & van
+// de Geijn 2008; Van Zee & van de Geijn 2015), shared by the fp32/bf16 linear (gemm.cpp) and the
+// quantized-weight linear that unpacks a panel at a time (quant/cpu/quant_gemm.cpp).
+//
+// A panel is PW (16, or 8, 4, 2, 1) output columns of a weight, k-major: panel[k * PW + j] = w[j, k].
+// `tile(rows, x, ldx, panel, pw, K, y, ldy, bias)` computes rows (<= 6) rows of y = x W^T (+ bias)
+// for the panel's columns: R x 16 accumulators in 12 AVX2 registers (8-wide panels: 6; narrower
+// ones the same chains in scalar code), each output one FMA chain over k = 0 .. K-1 in order, the
+// bias added after the chain. Where a row sits (tile, batch, thread) never changes its result.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#if defined(CPU_CAPABILITY_AVX2) || defined(CPU_CAPABILITY_AVX512)
+#include <immintrin.h>
+#define RADIXLM_GEMM_AVX2 1
+#endif
+
+namespace radixlm_gemm {
+
+constexpr int64_t kTileRows = 6;  // rows per microkernel tile
+constexpr int64_t kRowBlock = 96;  // rows of x per pass over the panels
+
+inline float widen(float v) { return v; }
+inline float widen(at::BFloat16 v) { return static_cast<float>(v); }
+
+// Panel width of an (N, K) weight: 16 output columns where N allows, else 8, 4, 2 or 1.
+inline int64_t panel_width(int64_t n) {
+  for (int64_t pw : {16, 8, 4, 2}) if (n % pw == 0) return pw;
+  return 1;
+}
+
+template <typename T>
+inline void store_row(T* y, const float* acc, const T* bias, int64_t pw) {
+  for (int64_t j = 0; j < pw; ++j) {
+    const float v = bias != nullptr ? acc[j] + widen(bias[j]) : acc[j];
+    y[j] = static_cast<T>(v);
+  }
+}
+
+// Any panel width, scalar: the same FMA chains as the vector tiles (so results are identical).
+template <int R, typename T>
+inline void micro_tile_scalar(const T* x, int64_t ldx, const T* panel, int64_t pw, int64_t K, T* y, int64_t ldy,
+                              const T* bias) {
+  float acc[R][16] = {};
+  for (int64_t k = 0; k < K; ++k)
+    for (int r = 0; r < R; ++r)
+      for (int64_t j = 0; j < pw; ++j) acc[r][j] = std::fma(widen(x[r * ldx + k]), widen(panel[k * pw + j]), acc[r][j]);
+  for (int r = 0; r < R; ++r) store_row(y + r * ldy, acc[r], bias, pw);
+}
+
+#ifdef RADIXLM_GEMM_AVX2
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const at::BFloat16* p) {  // 8 bf16 -> 8 fp32 (exact: shift into the high half)
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+// R rows x V*8 columns in R*V registers (V = 2: 16-wide panels, V = 1: 8-wide).
+template <int R, int V, typename T>
+inline void micro_tile(const T* x, int64_t ldx, const T* panel, int64_t K, T* y, int64_t ldy, const T* bias) {
+  constexpr int64_t PW = 8 * V;
+  __m256 acc[R][V];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < V; ++v) acc[r][v] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < K; ++k) {
+    __m256 b[V];
+    for (int v = 0; v < V; ++v) b[v] = load8(panel + k * PW + 8 * v);
+    for (int r = 0; r < R; ++r) {
+      const __m256 a = _mm256_set1_ps(widen(x[r * ldx + k]));
+      for (int v = 0; v < V; ++v) acc[r][v] = _mm256_fmadd_ps(a, b[v], acc[r][v]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    if constexpr (std::is_same_v<T, float>) {
+      for (int v = 0; v < V; ++v) {
+        __m256 o = acc[r][v];
+        if (bias != nullptr) o = _mm256_add_ps(o, _mm256_loadu_ps(bias + 8 * v));
+        _mm256_storeu_ps(y + r * ldy + 8 * v, o);
+      }
+    } else {
+      alignas(32) float tmp[PW];
+      for (int v = 0; v < V; ++v) _mm256_store_ps(tmp + 8 * v, acc[r][v]);
+      store_row(y + r * ldy, tmp, bias, PW);
+    }
+  }
+}
+#endif
+
+template <int R, typename T>
+inline void tile_rows(const T* x, int64_t ldx, const T* panel, int64_t pw, int64_t K, T* y, int64_t ldy,
+                      const T* bias) {
+#ifdef RADIXLM_GEMM_AVX2
+  if (pw == 16) return micro_tile<R, 2>(x, ldx, panel, K, y, ldy, bias);
+  if (pw == 8) return micro_tile<R, 1>(x, ldx, panel, K, y, ldy, bias);
+#endif
+  micro_tile_scalar<R>(x, ldx, panel, pw, K, y, ldy, bias);
+}
+
+template <typename T>
+inline void tile(int64_t rows, const T* x, int64_t ldx, const T* panel, int64_t pw, int64_t K, T* y, int64_t ldy,
+                 const T* bias) {
+  switch (rows) {
+    case 6: tile_rows<6>(x, ldx, panel, pw, K, y, ldy, bias); break;
+    case 5: tile_rows<5>(x, ldx, panel, pw, K, y, ldy, bias); break;
+    case 4: tile_rows<4>(x, ldx, panel, pw, K, y, ldy, bias); break;
+    case 3: tile_rows<3>(x, ldx, panel, pw, K, y, ldy, bias); break;
+    case 2: tile_rows<2>(x, ldx, panel, pw, K, y, ldy, bias); break;
+    default: tile_rows<1>(x, ldx, panel, pw, K, y, ldy, bias); break;
+  }
+}
+
+// Rows [m0, m1) of x times one panel into y's columns (y already offset to the panel's first column):
+// tiles of near-equal height (32 rows: 6+6+5+5+5+5, not 6x5+2: a short tile is load-bound).
+template <typename T>
+inline void panel_rows(const T* x, int64_t ldx, int64_t m0, int64_t m1, const T* panel, int64_t pw, int64_t K, T* y,
+                       int64_t ldy, const T* bias) {
+  const int64_t rows = m1 - m0, tiles = (rows + kTileRows - 1) / kTileRows;
+  for (int64_t t = 0, m = m0; t < tiles; ++t) {
+    const int64_t h = rows / tiles + (t < rows % tiles ? 1 : 0);
+    tile<T>(h, x + m * ldx, ldx, panel, pw, K, y + m * ldy, ldy, bias);
+    m += h;
+  }
+}
+
+}  // namespace radixlm_gemm
