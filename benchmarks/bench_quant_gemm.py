@@ -6,7 +6,10 @@ y = x W^T with:
 - ``fp32``: ``F.linear`` on the dense weight; ``onednn``: the prepacked oneDNN linear (radixlm's fp32
   default on CPU);
 - ``int8``, ``q8_0``, ``q4_0``, ``q4_1``: radixlm's C++ kernel (``torch.ops.radixlm_cpu.quant_linear``)
-  with 8-bit activations, and the same with an ``f`` (``q4_1f``): fp32 activations; and ``deq+mm`` (dequantize the Q4_1 weight, then ``F.linear``: the prefill path);
+  with 8-bit activations, the same with an ``f`` (``q4_1f``): fp32 activations, with a ``p``
+  (``q4_1p``): ``quant_linear_panels`` (the batched path: panels unpacked into the fp32 microkernel),
+  and ``deq+mm`` (dequantize the Q4_1 weight, then ``F.linear``: the batched path before panels);
+- ``cpu``: radixlm's fp32 packed-panel GEMM (the fp32 default);
 - ``torch_int8``: ``torch._weight_int8pack_mm`` (torch's weight-only int8 CPU kernel, per-channel
   scales) and ``torch_int4``: ``torch._weight_int4pack_mm_for_cpu`` (group size 32), when this torch has them.
 
@@ -55,6 +58,8 @@ def kernels_for(w: torch.Tensor):
     out = {"fp32": (lambda x: F.linear(x, w), w.numel() * 4)}
     packed_w = torch.ops.mkldnn._reorder_linear_weight(w)
     out["onednn"] = (lambda x: torch.ops.mkldnn._linear_pointwise(x, packed_w, None, "none", [], ""), w.numel() * 4)
+    panels_w = ops.pack_linear_weight(w)
+    out["cpu"] = (lambda x: ops.linear_packed(x, panels_w, None), w.numel() * 4)  # radixlm's fp32 default
     types = {"q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_0": gguf.GGMLQuantizationType.Q4_0,
              "q4_1": gguf.GGMLQuantizationType.Q4_1}
     for fmt in ("int8", "q8_0", "q4_0", "q4_1"):
@@ -63,6 +68,7 @@ def kernels_for(w: torch.Tensor):
         code = get_format(fmt).code
         out[fmt] = (lambda x, p=packed, c=code: ops.quant_linear(x, p, c, k, True), packed.numel())
         out[fmt + "f"] = (lambda x, p=packed, c=code: ops.quant_linear(x, p, c, k, False), packed.numel())
+        out[fmt + "p"] = (lambda x, p=packed, c=code: ops.quant_linear_panels(x, p, c, k, None), packed.numel())
         if fmt == "q4_1":
             out["deq+mm"] = (lambda x, p=packed, c=code: F.linear(x, ops.quant_dequantize(p, c, k)), packed.numel())
     if hasattr(torch, "_weight_int8pack_mm"):
