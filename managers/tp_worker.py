@@ -48,8 +48,14 @@ class TpModelWorker:
         _, row_offsets = batch.logits_layout()
         next_ids = None
         if sampling_info is not None:
-            last_rows = torch.tensor([o - 1 for o in row_offsets[1:]], dtype=torch.int64, device=logits.device)
-            last = logits.index_select(0, last_rows)
+            untouched = (sampling_info.penalties is None and sampling_info.min_tokens_block is None
+                         and vocab_mask is None and sampling_info.logit_bias is None)
+            if untouched and len(row_offsets) - 1 == logits.shape[0]:
+                # one row per request, all last rows, and nothing edits them in place: no (bs, V) copy
+                last = logits
+            else:
+                last_rows = torch.tensor([o - 1 for o in row_offsets[1:]], dtype=torch.int64, device=logits.device)
+                last = logits.index_select(0, last_rows)
             last = apply_logits_processors(last, sampling_info, vocab_mask)
             next_ids = sample(last, sampling_info)
         return WorkerOutput(logits, row_offsets, next_ids)
