@@ -29,9 +29,7 @@
 #include <ATen/cpu/vec/functional.h>
 #include <torch/library.h>
 
-#if defined(CPU_CAPABILITY_AVX2) || defined(CPU_CAPABILITY_AVX512)
-#include <immintrin.h>
-#endif
+#include "../../gemm/cpu/transpose.h"
 
 #include <algorithm>
 #include <array>
@@ -134,26 +132,12 @@ inline __m256 load8_as_float(const at::Half* p) {  // exact (F16C)
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
-// dst[c * ld + r] = float(rows[r][c0 + c]) for an 8 x 8 block (rows r = 0..7, columns c = 0..7): the
-// unpack / shuffle / permute transpose, 24 shuffles instead of 64 scalar loads and strided stores.
+// dst[c * ld + r] = float(rows[r][c0 + c]) for an 8 x 8 block (rows r = 0..7, columns c = 0..7).
 template <typename T>
 inline void transpose8x8(const T* const* rows, int64_t c0, float* dst, int64_t ld) {
-  __m256 r[8], t[8], u[8];
+  __m256 r[8];
   for (int i = 0; i < 8; ++i) r[i] = load8_as_float(rows[i] + c0);
-  for (int i = 0; i < 4; ++i) {
-    t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-  }
-  for (int i = 0; i < 2; ++i) {
-    u[4 * i] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));
-    u[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));
-    u[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));
-    u[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));
-  }
-  for (int i = 0; i < 4; ++i) {
-    _mm256_storeu_ps(dst + i * ld, _mm256_permute2f128_ps(u[i], u[4 + i], 0x20));
-    _mm256_storeu_ps(dst + (4 + i) * ld, _mm256_permute2f128_ps(u[i], u[4 + i], 0x31));
-  }
+  radixlm_gemm::transpose8x8_store(r, dst, ld);
 }
 #endif
 

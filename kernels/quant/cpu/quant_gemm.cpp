@@ -43,6 +43,7 @@
 #endif
 
 #include "../../gemm/cpu/microkernel.h"
+#include "../../gemm/cpu/transpose.h"
 
 namespace {
 
@@ -478,23 +479,9 @@ inline void transpose_rows_to_panel(const float* rows, int64_t pw, int64_t K, fl
   if (pw % 8 == 0 && K % 8 == 0) {
     for (int64_t j0 = 0; j0 < pw; j0 += 8) {
       for (int64_t k0 = 0; k0 < K; k0 += 8) {
-        __m256 r[8], t[8], u[8];
+        __m256 r[8];
         for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(rows + (j0 + i) * K + k0);
-        for (int i = 0; i < 4; ++i) {
-          t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-          t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-        }
-        for (int i = 0; i < 2; ++i) {
-          u[4 * i] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));
-          u[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));
-          u[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));
-          u[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));
-        }
-        float* dst = panel + k0 * pw + j0;
-        for (int i = 0; i < 4; ++i) {
-          _mm256_storeu_ps(dst + i * pw, _mm256_permute2f128_ps(u[i], u[4 + i], 0x20));
-          _mm256_storeu_ps(dst + (4 + i) * pw, _mm256_permute2f128_ps(u[i], u[4 + i], 0x31));
-        }
+        radixlm_gemm::transpose8x8_store(r, panel + k0 * pw + j0, pw);
       }
     }
     return;
