@@ -11,7 +11,8 @@
 #       # run_suite.py reads to run several workloads against the same servers)
 #
 # Targets (labels): radixlm, radixlm-nocache (--disable-radix-cache), radixlm-ngram
-# (--speculative-algorithm NGRAM), radixlm-q4 (the demo GGUF, its Q4_1 blocks kept: --quantization gguf), vllm, llama-server, hf-serve
+# (--speculative-algorithm NGRAM), radixlm-q4 (the demo GGUF, its Q4_1 blocks kept: --quantization gguf), vllm, llama-server,
+# llama-server-q4 (the same demo GGUF in llama.cpp), hf-serve
 # (`transformers serve --continuous-batching`), hf-static (transformers static-batch generate, run
 # inside bench_serving: no server). PEERS picks them (space-separated labels); the default is
 # "radixlm radixlm-ngram radixlm-q4 vllm llama-server", plus radixlm-nocache with NO_CACHE=1, hf-static with HF_STATIC=1 and
@@ -134,6 +135,17 @@ elif [ -x "$LLAMA_BIN" ] && [ -f "$LLAMA_GGUF" ]; then
         -t "$THREADS" -tb "$THREADS" --host 127.0.0.1 --port "$port"
 else
     echo "skipped: llama-server (not built; bash $HERE/build_llama_server.sh)"
+fi
+if want llama-server-q4; then  # the demo GGUF's own Q4_1 blocks, as radixlm-q4 serves them
+    if [ -x "$LLAMA_BIN" ] && [ "$MODEL_DIR" = "$DEFAULT_MODEL" ]; then
+        port=$(free_port)
+        np="${LLAMA_NP:-64}"
+        DEMO_GGUF="$("$PY" -c 'from radixlm.srt.model_loader import find_demo_model; print(find_demo_model())')"
+        start llama-server-q4 openai "$port" "$LLAMA_BIN" -m "$DEMO_GGUF" -np "$np" -c $((np * 1024)) \
+            -t "$THREADS" -tb "$THREADS" --host 127.0.0.1 --port "$port"
+    else
+        echo "skipped: llama-server-q4 (needs the llama-server build and the default SmolLM2 model)"
+    fi
 fi
 
 # transformers serve: radixlm's Python when it has the serving extras, else install_transformers_serve.sh's venv
