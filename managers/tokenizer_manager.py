@@ -38,7 +38,8 @@ from radixlm.managers.load_balance import CacheAware, CacheAwareConfig, create_l
 from radixlm.managers.prompt_tokenizer import PromptTokenizer
 from radixlm.managers.request_log import log_finished, log_received
 from radixlm.managers.response import ResponseAccumulator
-from radixlm.managers.validation import InvalidRequestError, validate_generate_input, validate_top_logprobs_num
+from radixlm.managers.validation import (InvalidRequestError, validate_generate_input, validate_logprob_start_len,
+                                         validate_top_logprobs_num)
 from radixlm.srt.errors import native_error_body
 from radixlm.srt.sampling_params import SamplingParams, SamplingParamsError
 
@@ -51,12 +52,14 @@ MAX_SEQUENCES_PER_REQUEST = 1024
 
 
 class RequestError(Exception):
-    """A request that failed with an HTTP status (503 when overloaded or the scheduler is gone)."""
+    """A request that failed with an HTTP status (503 when overloaded or the scheduler is gone).
+    ``param``: the native field at fault when known (e.g. ``"json_schema"``), else None."""
 
-    def __init__(self, message: str, status_code: int = 400):
+    def __init__(self, message: str, status_code: int = 400, param: Optional[str] = None):
         super().__init__(message)
         self.message = message
         self.status_code = status_code
+        self.param = param
 
 
 class ClientDisconnected(Exception):
@@ -197,12 +200,11 @@ class TokenizerManager:
             try:
                 params = SamplingParams.from_dict(raw)
             except SamplingParamsError as e:
-                raise InvalidRequestError(str(e)) from None
+                raise InvalidRequestError(str(e), e.param) from None
             # An explicit max_new_tokens that cannot fit is an error; the default is clamped later.
             validate_generate_input(ids, params, self.vocab_size, self.context_len,
                                     strict_max_new_tokens=raw.get("max_new_tokens") is not None)
-            if req.logprob_start_len[i] < -1:
-                raise InvalidRequestError(f"logprob_start_len must be >= -1, got {req.logprob_start_len[i]}")
+            validate_logprob_start_len(req.logprob_start_len[i], len(ids), req.return_logprob[i])
             validate_top_logprobs_num(req.top_logprobs_num[i])
             items.append((ids, params, i))
         ns = {params.n for _, params, _ in items}
@@ -255,7 +257,7 @@ class TokenizerManager:
         for s in states:
             fr = s.acc.finish_reason
             if fr is not None and fr.type == "abort" and fr.status_code is not None:
-                raise RequestError(fr.message or "request aborted", fr.status_code)
+                raise RequestError(fr.message or "request aborted", fr.status_code, fr.param)
         results = [s.acc.result() for s in states]
         return results if prep.is_batch else results[0]
 
