@@ -190,6 +190,17 @@ def sse_events(client: httpx.Client, body: dict) -> list:
     return events
 
 
+def assert_pool_free_after_flush(client: httpx.Client, idle_timeout_s: float = 30.0) -> dict:
+    """Idle, ``/flush_cache`` succeeds, and every KV token is free again (no page or slot leaked)."""
+    wait_idle(client, timeout_s=idle_timeout_s)
+    resp = client.post("/flush_cache")
+    assert resp.status_code == 200, resp.text
+    state = client.get("/get_server_info").json()["internal_state"]
+    assert state["available_size"] == state["max_total_num_tokens"], state
+    assert state["evictable_size"] == 0 and state["protected_size"] == 0, state
+    return state
+
+
 def wait_idle(client: httpx.Client, timeout_s: float = 10.0) -> dict:
     """Poll /get_server_info until no request is running or queued; returns its internal state."""
     deadline = time.monotonic() + timeout_s
