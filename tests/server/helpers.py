@@ -20,6 +20,8 @@ from typing import Optional
 
 import httpx
 
+from radixlm.srt.health_wait import wait_healthy
+
 START_TIMEOUT_S = 240.0
 STOP_TIMEOUT_S = 15.0
 # Small KV pool: faster start, and still room for the abort tests' 16 long requests.
@@ -101,16 +103,11 @@ class ServerProcess:
         return server
 
     def _wait_healthy(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode} during startup:\n{self.log()[-5000:]}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
+        outcome = wait_healthy(self.url, self.proc, timeout_s)
+        if outcome == "healthy":
+            return
+        if outcome == "exited":
+            raise RuntimeError(f"server exited with {self.proc.returncode} during startup:\n{self.log()[-5000:]}")
         self.kill()
         raise RuntimeError(f"server not healthy after {timeout_s} s:\n{self.log()[-5000:]}")
 
