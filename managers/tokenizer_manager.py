@@ -33,7 +33,7 @@ import zmq
 from radixlm.managers.data_parallel_controller import DataParallelController
 from radixlm.managers.io_struct import (AbortReq, BatchStrOut, FlushCacheOut, FlushCacheReq, GetInternalStateReq,
                                         InternalState, Message, TokenizedGenerateReq, encode)
-from radixlm.managers.ipc import AsyncPullReceiver, IpcPaths
+from radixlm.managers.ipc import AsyncPullReceiver, IpcPaths, receive_forever
 from radixlm.managers.load_balance import CacheAware, CacheAwareConfig, create_load_balancer
 from radixlm.managers.prompt_tokenizer import PromptTokenizer
 from radixlm.managers.request_log import log_finished, log_received
@@ -147,7 +147,8 @@ class TokenizerManager:
 
     def start(self) -> None:
         self.dp.start()
-        self._tasks = [asyncio.create_task(self._loop(self._from_detokenizer), name="tm-outputs")]
+        self._tasks = [asyncio.create_task(receive_forever(self._from_detokenizer, self._on_message,
+                                                           "tokenizer manager"), name="tm-outputs")]
         policy = self.dp.policy
         if self.dp.size > 1 and isinstance(policy, CacheAware) and policy.config.max_tree_size is None:
             self._tasks.append(asyncio.create_task(self._bound_tree_by_pool(policy), name="tm-tree-size"))
@@ -427,19 +428,11 @@ class TokenizerManager:
             raise RequestError("the scheduler did not answer in time", 503) from None
 
     # ---- inbound -------------------------------------------------------------------------------
-    async def _loop(self, receiver: AsyncPullReceiver) -> None:
-        while True:
-            try:
-                msg = await receiver.recv()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                logger.exception("tokenizer manager: cannot decode a message; dropped")
-                continue
-            if isinstance(msg, BatchStrOut):
-                self._on_output(msg)
-            else:
-                logger.warning("tokenizer manager: unexpected %s", type(msg).__name__)
+    def _on_message(self, msg: Message) -> None:
+        if isinstance(msg, BatchStrOut):
+            self._on_output(msg)
+        else:
+            logger.warning("tokenizer manager: unexpected %s", type(msg).__name__)
 
     def _on_output(self, out: BatchStrOut) -> None:
         now = time.monotonic()
