@@ -47,7 +47,7 @@ class Router:
     """``python -m sglang_router.launch_router`` over ``workers`` on a free port (log in a temp file)."""
 
     def __init__(self, workers: list[str], policy: str = "cache_aware", start_timeout_s: float = 120.0) -> None:
-        self.port = _load_sibling("bench_hicache").free_port()
+        self.port = _load_sibling("common").free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.NamedTemporaryFile(prefix="bench_dp_router_", suffix=".log", delete=False)
         self.proc = subprocess.Popen([sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
@@ -69,14 +69,7 @@ class Router:
             return False
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
+        _load_sibling("common").stop_process(self.proc, self.log, 30)
 
 
 def summarize(result: dict, prompt_tokens: list[int]) -> dict[str, Any]:
@@ -111,7 +104,7 @@ def main(argv: Optional[list[str]] = None) -> dict:
     ap.add_argument("--configs", default="dp1,dp2-cache_aware,dp2-round_robin,sglang-router")
     ap.add_argument("--output", default="bench_results/bench_dp.json")
     args = ap.parse_args(argv)
-    bench, common, hicache = _load_sibling("bench_serving"), _load_sibling("common"), _load_sibling("bench_hicache")
+    bench, common = _load_sibling("bench_serving"), _load_sibling("common")
 
     model = common.resolve_model(args.model_path)
     if model is None:
@@ -134,8 +127,8 @@ def main(argv: Optional[list[str]] = None) -> dict:
         if label == "sglang-router" and importlib.util.find_spec("sglang_router") is None:
             print("sglang-router is not installed (pip install sglang-router); skipping that configuration")
             continue
-        servers = ([hicache.Server(base + ["--cpu-threads", half]) for _ in range(2)] if label == "sglang-router"
-                   else [hicache.Server(flags[label])])
+        servers = ([common.Server(base + ["--cpu-threads", half], log_prefix="bench_dp_") for _ in range(2)] if label == "sglang-router"
+                   else [common.Server(flags[label], log_prefix="bench_dp_")])
         router = None
         try:
             before = [_prompt_tokens(s) for s in servers]
@@ -156,13 +149,7 @@ def main(argv: Optional[list[str]] = None) -> dict:
         rows.append({"config": label, **summarize(result, prompt_tokens)})
     cols = ["config", "requests", "failed", "hit_rate", "mean_ttft_ms", "median_ttft_ms", "output_throughput",
             "request_throughput", "duration_s", "prompt_tokens_per_replica"]
-    common.print_table(rows, cols)
-    load = os.getloadavg()
-    payload = {"benchmark": "bench_dp", "args": vars(args), "model": model, "loadavg_at_end": load,
-               "cpu_count": os.cpu_count(), "table": rows, "runs": raw}
-    common.write_json(args.output, payload)
-    print(f"load average at end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; wrote {args.output}")
-    return payload
+    return common.report("bench_dp", args, model, rows, cols, raw)
 
 
 if __name__ == "__main__":

@@ -23,14 +23,10 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any, Optional
-
-import httpx
 
 
 def _load_sibling(name: str) -> Any:
@@ -39,51 +35,6 @@ def _load_sibling(name: str) -> Any:
     sys.modules[spec.name] = mod  # type: ignore[union-attr]
     spec.loader.exec_module(mod)  # type: ignore[union-attr]
     return mod
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    """``python -m radixlm.srt.launch_server`` on a free loopback port, log in a temp file."""
-
-    def __init__(self, args: list[str], start_timeout_s: float = 600.0) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = tempfile.NamedTemporaryFile(prefix="bench_hicache_", suffix=".log", delete=False)
-        self.proc = subprocess.Popen([sys.executable, "-m", "radixlm.srt.launch_server", "--host", "127.0.0.1",
-                                      "--port", str(self.port), *args], stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + start_timeout_s
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited ({self.proc.returncode}); log: {self.log.name}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"server not healthy after {start_timeout_s} s; log: {self.log.name}")
-            time.sleep(1)
-
-    def state(self) -> dict:
-        return httpx.get(self.url + "/get_server_info", timeout=30).json()["internal_states"][0]
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
 
 
 def summarize(result: dict, state: dict) -> dict[str, Optional[float]]:
@@ -157,7 +108,7 @@ def main(argv: Optional[list[str]] = None) -> dict:
              "restart": base + hicache + ["--hicache-storage-backend", "file", "--hicache-storage-dir", storage_dir]}
     rows, raw = [], {}
     for label in args.configs.split(","):
-        server = Server(flags[label])
+        server = common.Server(flags[label], log_prefix="bench_hicache_")
         try:
             bargs = ["--backend", "radixlm", "--base-url", f"{label}={server.url}", "--tokenizer", args.tokenizer or model,
                      "--dataset-name", "multi-turn", "--mt-conversations", str(args.mt_conversations),
@@ -174,13 +125,7 @@ def main(argv: Optional[list[str]] = None) -> dict:
             "all_from_storage", "mean_ttft_ms", "median_ttft_ms", "mean_ttft_later_turns_ms",
             "median_ttft_later_turns_ms", "duration_s", "output_throughput", "hicache_load_s", "hicache_save_s",
             "loaded_tokens", "retractions"]
-    common.print_table(rows, cols)
-    load = os.getloadavg()
-    payload = {"benchmark": "bench_hicache", "args": vars(args), "model": model, "loadavg_at_end": load,
-               "cpu_count": os.cpu_count(), "table": rows, "runs": raw}
-    common.write_json(args.output, payload)
-    print(f"load average at end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; wrote {args.output}")
-    return payload
+    return common.report("bench_hicache", args, model, rows, cols, raw)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
 from collections.abc import Sequence
 from typing import Optional
@@ -27,7 +28,7 @@ from typing import Optional
 import zmq
 
 from radixlm.managers.io_struct import AbortReq, InternalState, Message, TokenizedGenerateReq
-from radixlm.managers.ipc import AsyncPullReceiver, IpcPaths, PushSender
+from radixlm.managers.ipc import AsyncPullReceiver, IpcPaths, PushSender, receive_forever
 from radixlm.managers.load_balance import LoadBalancer
 
 logger = logging.getLogger(__name__)
@@ -52,7 +53,9 @@ class DataParallelController:
         self.routed = [0] * self.size  # requests sent to each replica since start
 
     def start(self) -> None:
-        self._tasks = [asyncio.create_task(self._rpc_loop(r), name=f"dp-control-{r}") for r in range(self.size)]
+        self._tasks = [asyncio.create_task(receive_forever(self._rpc[r], functools.partial(self._on_reply, r),
+                                                           f"dp controller (replica {r})"), name=f"dp-control-{r}")
+                       for r in range(self.size)]
 
     def close(self) -> None:
         for task in self._tasks:
@@ -108,24 +111,17 @@ class DataParallelController:
                 if not fut.done():
                     fut.set_exception(exc)
 
-    async def _rpc_loop(self, replica: int) -> None:
-        receiver, pending = self._rpc[replica], self._pending[replica]
-        while True:
-            try:
-                msg = await receiver.recv()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                logger.exception("dp controller: cannot decode a reply of replica %d; dropped", replica)
-                continue
-            if not pending:
-                logger.warning("dp controller: unexpected %s from replica %d", type(msg).__name__, replica)
-                continue
-            reply_type, fut = pending.popleft()
-            if not isinstance(msg, reply_type):
-                logger.error("expected %s from replica %d, got %s", reply_type.__name__, replica, type(msg).__name__)
-            if not fut.done():
-                fut.set_result(msg)
+    def _on_reply(self, replica: int, msg: Message) -> None:
+        """A control reply of ``replica``: it answers the oldest pending request (replies come in order)."""
+        pending = self._pending[replica]
+        if not pending:
+            logger.warning("dp controller: unexpected %s from replica %d", type(msg).__name__, replica)
+            return
+        reply_type, fut = pending.popleft()
+        if not isinstance(msg, reply_type):
+            logger.error("expected %s from replica %d, got %s", reply_type.__name__, replica, type(msg).__name__)
+        if not fut.done():
+            fut.set_result(msg)
 
     # ---- introspection ------------------------------------------------------------------------
     def replica_stats(self) -> list[dict[str, int]]:

@@ -23,7 +23,9 @@ class FinishReason(msgspec.Struct, kw_only=True, omit_defaults=True):
     stop: ``matched`` is the stop string or token id that matched (None for a grammar end).
     length: ``length`` is the number of generated tokens; ``message`` says why when the limit was
         the KV pool's capacity rather than the request's ``max_new_tokens``.
-    abort: ``message`` says why; ``status_code`` is the HTTP status to report (400 for bad input).
+    abort: ``message`` says why; ``status_code`` is the HTTP status to report (400 for bad input);
+        ``param`` names the sampling field at fault when one is (e.g. ``"json_schema"`` for a
+        grammar that does not compile; not part of ``to_json``).
     """
 
     type: str
@@ -31,6 +33,7 @@ class FinishReason(msgspec.Struct, kw_only=True, omit_defaults=True):
     length: Optional[int] = None
     message: Optional[str] = None
     status_code: Optional[int] = None
+    param: Optional[str] = None
 
     def to_json(self) -> dict:
         if self.type == "stop":

@@ -10,16 +10,20 @@ scheduler's step. Every socket closes with linger 0, so shutdown never hangs on 
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import logging
 import os
 import shutil
 import tempfile
-from typing import Optional
+from typing import Callable, Optional
 
 import zmq
 import zmq.asyncio
 
 from radixlm.managers.io_struct import Message, decode, encode
+
+logger = logging.getLogger(__name__)
 
 # sun_path of a Unix socket is 108 bytes on Linux (104 on macOS), NUL included.
 _MAX_IPC_PATH_BYTES = 100
@@ -215,3 +219,20 @@ class AsyncPullReceiver(_SocketOwner):
             except zmq.Again:
                 return out
             out.append(decode(frame))
+
+
+async def receive_forever(receiver: AsyncPullReceiver, handle: Callable[[Message], None], who: str) -> None:
+    """Await each message of ``receiver`` and pass it to ``handle``, until cancelled.
+
+    A frame that cannot be decoded is logged (as ``who``: cannot decode ...) and dropped, so one bad
+    frame never stops the loop; ``handle``'s own exceptions propagate (they are bugs).
+    """
+    while True:
+        try:
+            msg = await receiver.recv()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            logger.exception("%s: cannot decode a message; dropped", who)
+            continue
+        handle(msg)

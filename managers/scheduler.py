@@ -27,7 +27,7 @@ from radixlm.managers.schedule_policy import PrefillAdder, order_waiting
 from radixlm.managers.speculative import NgramSpeculator
 from radixlm.managers.tp_worker import TpModelWorker
 from radixlm.managers.validation import (MAX_TOP_LOGPROBS, InvalidRequestError, validate_generate_input,
-                                         validate_top_logprobs_num)
+                                         validate_logprob_start_len, validate_top_logprobs_num)
 from radixlm.radix_cache import RadixCache
 from radixlm.srt.forward_batch import ForwardMode, ModelWorkerBatch
 from radixlm.srt.server_args import ServerArgs
@@ -47,6 +47,12 @@ def create_scheduler_grammar_backend(args: ServerArgs, tokenizer: Any, model_con
 
     return create_grammar_backend(args.grammar_backend, tokenizer, model_config.vocab_size,
                                   list(model_config.eos_token_ids), any_whitespace=args.grammar_any_whitespace)
+
+
+def _grammar_field(params: Any) -> Optional[str]:
+    """The sampling field holding the request's grammar (named in a grammar error's ``param``)."""
+    return next((f for f in ("json_schema", "regex", "ebnf", "structural_tag") if getattr(params, f) is not None),
+                None)
 
 
 class Scheduler:
@@ -173,13 +179,14 @@ class Scheduler:
             self.spec.on_new_request(req)
         if pool_room < max_new:
             req.length_message = self._pool_full_message()
-        error = self._validate(msg)
+        error, param = self._validate(msg), None
         if error is None:
             queued, error = self._queue_grammar(req)
             if queued:
                 return
+            param = _grammar_field(params)
         if error is not None:
-            req.finished_reason = FinishReason(type="abort", message=error, status_code=400)
+            req.finished_reason = FinishReason(type="abort", message=error, status_code=400, param=param)
             self._emit([req])
             return
         self.waiting.append(req)
@@ -212,7 +219,8 @@ class Scheduler:
             try:
                 compiled = fut.result(timeout=timeout) if timeout or fut.done() else None
             except GrammarError as e:
-                req.finished_reason = FinishReason(type="abort", status_code=400, message=str(e))
+                req.finished_reason = FinishReason(type="abort", status_code=400, message=str(e),
+                                                   param=_grammar_field(req.sampling_params))
                 failed.append(req)
                 continue
             except TimeoutError:
@@ -236,6 +244,7 @@ class Scheduler:
         try:
             validate_generate_input(msg.input_ids, msg.sampling_params, self.vocab_size, self.context_len)
             validate_top_logprobs_num(msg.top_logprobs_num)
+            validate_logprob_start_len(msg.logprob_start_len, len(msg.input_ids), msg.return_logprob)
         except InvalidRequestError as e:
             return str(e)
         if len(msg.input_ids) + 1 > self.kv.total_tokens:

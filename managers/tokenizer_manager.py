@@ -33,12 +33,13 @@ import zmq
 from radixlm.managers.data_parallel_controller import DataParallelController
 from radixlm.managers.io_struct import (AbortReq, BatchStrOut, FlushCacheOut, FlushCacheReq, GetInternalStateReq,
                                         InternalState, Message, TokenizedGenerateReq, encode)
-from radixlm.managers.ipc import AsyncPullReceiver, IpcPaths
+from radixlm.managers.ipc import AsyncPullReceiver, IpcPaths, receive_forever
 from radixlm.managers.load_balance import CacheAware, CacheAwareConfig, create_load_balancer
 from radixlm.managers.prompt_tokenizer import PromptTokenizer
 from radixlm.managers.request_log import log_finished, log_received
 from radixlm.managers.response import ResponseAccumulator
-from radixlm.managers.validation import InvalidRequestError, validate_generate_input, validate_top_logprobs_num
+from radixlm.managers.validation import (InvalidRequestError, validate_generate_input, validate_logprob_start_len,
+                                         validate_top_logprobs_num)
 from radixlm.srt.errors import native_error_body
 from radixlm.srt.sampling_params import SamplingParams, SamplingParamsError
 
@@ -51,12 +52,14 @@ MAX_SEQUENCES_PER_REQUEST = 1024
 
 
 class RequestError(Exception):
-    """A request that failed with an HTTP status (503 when overloaded or the scheduler is gone)."""
+    """A request that failed with an HTTP status (503 when overloaded or the scheduler is gone).
+    ``param``: the native field at fault when known (e.g. ``"json_schema"``), else None."""
 
-    def __init__(self, message: str, status_code: int = 400):
+    def __init__(self, message: str, status_code: int = 400, param: Optional[str] = None):
         super().__init__(message)
         self.message = message
         self.status_code = status_code
+        self.param = param
 
 
 class ClientDisconnected(Exception):
@@ -144,7 +147,8 @@ class TokenizerManager:
 
     def start(self) -> None:
         self.dp.start()
-        self._tasks = [asyncio.create_task(self._loop(self._from_detokenizer), name="tm-outputs")]
+        self._tasks = [asyncio.create_task(receive_forever(self._from_detokenizer, self._on_message,
+                                                           "tokenizer manager"), name="tm-outputs")]
         policy = self.dp.policy
         if self.dp.size > 1 and isinstance(policy, CacheAware) and policy.config.max_tree_size is None:
             self._tasks.append(asyncio.create_task(self._bound_tree_by_pool(policy), name="tm-tree-size"))
@@ -197,12 +201,11 @@ class TokenizerManager:
             try:
                 params = SamplingParams.from_dict(raw)
             except SamplingParamsError as e:
-                raise InvalidRequestError(str(e)) from None
+                raise InvalidRequestError(str(e), e.param) from None
             # An explicit max_new_tokens that cannot fit is an error; the default is clamped later.
             validate_generate_input(ids, params, self.vocab_size, self.context_len,
                                     strict_max_new_tokens=raw.get("max_new_tokens") is not None)
-            if req.logprob_start_len[i] < -1:
-                raise InvalidRequestError(f"logprob_start_len must be >= -1, got {req.logprob_start_len[i]}")
+            validate_logprob_start_len(req.logprob_start_len[i], len(ids), req.return_logprob[i])
             validate_top_logprobs_num(req.top_logprobs_num[i])
             items.append((ids, params, i))
         ns = {params.n for _, params, _ in items}
@@ -255,7 +258,7 @@ class TokenizerManager:
         for s in states:
             fr = s.acc.finish_reason
             if fr is not None and fr.type == "abort" and fr.status_code is not None:
-                raise RequestError(fr.message or "request aborted", fr.status_code)
+                raise RequestError(fr.message or "request aborted", fr.status_code, fr.param)
         results = [s.acc.result() for s in states]
         return results if prep.is_batch else results[0]
 
@@ -425,19 +428,11 @@ class TokenizerManager:
             raise RequestError("the scheduler did not answer in time", 503) from None
 
     # ---- inbound -------------------------------------------------------------------------------
-    async def _loop(self, receiver: AsyncPullReceiver) -> None:
-        while True:
-            try:
-                msg = await receiver.recv()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                logger.exception("tokenizer manager: cannot decode a message; dropped")
-                continue
-            if isinstance(msg, BatchStrOut):
-                self._on_output(msg)
-            else:
-                logger.warning("tokenizer manager: unexpected %s", type(msg).__name__)
+    def _on_message(self, msg: Message) -> None:
+        if isinstance(msg, BatchStrOut):
+            self._on_output(msg)
+        else:
+            logger.warning("tokenizer manager: unexpected %s", type(msg).__name__)
 
     def _on_output(self, out: BatchStrOut) -> None:
         now = time.monotonic()

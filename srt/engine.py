@@ -18,7 +18,8 @@ from radixlm.managers.io_struct import BatchStrOut, BatchTokenOut, TokenizedGene
 from radixlm.managers.response import ResponseAccumulator
 from radixlm.managers.scheduler import Scheduler, create_scheduler_grammar_backend
 from radixlm.managers.tp_worker import TpModelWorker
-from radixlm.managers.validation import InvalidRequestError, validate_generate_input, validate_top_logprobs_num
+from radixlm.managers.validation import (InvalidRequestError, validate_generate_input, validate_logprob_start_len,
+                                         validate_top_logprobs_num)
 from radixlm.srt.model_config import ModelConfig
 from radixlm.srt.model_loader import load_tokenizer
 from radixlm.srt.sampling_params import SamplingParams, SamplingParamsError
@@ -78,6 +79,7 @@ class Engine:
         msgs = []
         for ids, params, r in zip(prompts_ids, params_list, rids):
             validate_generate_input(ids, params, self.model_config.vocab_size, self.model_config.context_len)
+            validate_logprob_start_len(logprob_start_len, len(ids), return_logprob)
             msgs.append(TokenizedGenerateReq(rid=r, input_ids=ids, sampling_params=params,
                                              return_logprob=return_logprob, logprob_start_len=logprob_start_len,
                                              top_logprobs_num=top_logprobs_num))

@@ -60,13 +60,27 @@ def main(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> int:
     (unloading torch) would take seconds during which a second signal kills us with -15."""
     parser = argparse.ArgumentParser(prog=prog or "python -m radixlm.srt.launch_server",
                                      description="Serve a model over HTTP (SGLang's native API).")
+    args, _ = parse_server_args(parser, argv)
+    exit_process(launch_server(args))
+
+
+def parse_server_args(parser: argparse.ArgumentParser, argv: Optional[list[str]]
+                      ) -> tuple[ServerArgs, argparse.Namespace]:
+    """Add the ``ServerArgs`` flags to ``parser`` (which may hold flags of its own), parse ``argv``
+    and build the ``ServerArgs``; returns them with the namespace (for the caller's own flags). A bad
+    flag or value is ``parser.error`` (usage, exit 2)."""
     ServerArgs.add_cli_args(parser)
     ns = parser.parse_args(argv)
     try:
-        args = ServerArgs.from_cli_args(ns)
+        return ServerArgs.from_cli_args(ns), ns
     except ServerArgsError as e:
         parser.error(str(e))
-    code = launch_server(args)
+
+
+def exit_process(code: int) -> None:
+    """Flush the logs and streams and leave the process with ``code`` at once: the children are
+    already stopped, and interpreter teardown (unloading torch) takes seconds in which a second
+    signal would kill the process with -15."""
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -20,7 +20,14 @@ _GREEDY_TEMPERATURE = 1e-6
 
 
 class SamplingParamsError(ValueError):
-    """A sampling parameter is out of range or of the wrong type (maps to HTTP 400)."""
+    """A sampling parameter is out of range or of the wrong type (maps to HTTP 400).
+
+    ``param``: the offending field's name (e.g. ``"stop"``), or None when no single field is at fault.
+    """
+
+    def __init__(self, message: str, param: Optional[str] = None):
+        super().__init__(message)
+        self.param = param
 
 
 class SamplingParams(msgspec.Struct, kw_only=True):
@@ -89,7 +96,7 @@ class SamplingParams(msgspec.Struct, kw_only=True):
         # Unknown keys sent as null are tolerated: SGLang's frontend sends every field it knows.
         unknown = sorted(k for k, v in d.items() if k not in known and v is not None)
         if unknown:
-            raise SamplingParamsError(f"unknown sampling parameter(s): {', '.join(unknown)}")
+            raise SamplingParamsError(f"unknown sampling parameter(s): {', '.join(unknown)}", unknown[0])
         clean = {k: v for k, v in d.items() if v is not None and k in known}
         for name in ("json_schema", "structural_tag"):
             if isinstance(clean.get(name), (dict, list)):
@@ -120,57 +127,58 @@ class SamplingParams(msgspec.Struct, kw_only=True):
         """Check ranges; raise ``SamplingParamsError`` with a message naming the field."""
         def finite(name: str, v: float) -> None:
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
-                raise SamplingParamsError(f"{name} must be a finite number, got {v!r}")
+                raise SamplingParamsError(f"{name} must be a finite number, got {v!r}", name.split("[")[0])
 
         for name in ("temperature", "top_p", "min_p", "frequency_penalty", "presence_penalty",
                      "repetition_penalty"):
             finite(name, getattr(self, name))
         if self.temperature < 0:
-            raise SamplingParamsError(f"temperature must be >= 0, got {self.temperature}")
+            raise SamplingParamsError(f"temperature must be >= 0, got {self.temperature}", "temperature")
         if not 0 < self.top_p <= 1:
-            raise SamplingParamsError(f"top_p must be in (0, 1], got {self.top_p}")
+            raise SamplingParamsError(f"top_p must be in (0, 1], got {self.top_p}", "top_p")
         if self.top_k == 0 or self.top_k < -1:
-            raise SamplingParamsError(f"top_k must be -1 (disabled) or >= 1, got {self.top_k}")
+            raise SamplingParamsError(f"top_k must be -1 (disabled) or >= 1, got {self.top_k}", "top_k")
         if not 0 <= self.min_p <= 1:
-            raise SamplingParamsError(f"min_p must be in [0, 1], got {self.min_p}")
+            raise SamplingParamsError(f"min_p must be in [0, 1], got {self.min_p}", "min_p")
         for name in ("frequency_penalty", "presence_penalty"):
             v = getattr(self, name)
             if not -2 <= v <= 2:
-                raise SamplingParamsError(f"{name} must be in [-2, 2], got {v}")
+                raise SamplingParamsError(f"{name} must be in [-2, 2], got {v}", name)
         if self.repetition_penalty != 1.0:
-            raise SamplingParamsError("repetition_penalty is not supported (must be 1.0)")
+            raise SamplingParamsError("repetition_penalty is not supported (must be 1.0)", "repetition_penalty")
         if self.max_new_tokens is not None and self.max_new_tokens < 0:
-            raise SamplingParamsError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
+            raise SamplingParamsError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}", "max_new_tokens")
         if self.min_new_tokens < 0:
-            raise SamplingParamsError(f"min_new_tokens must be >= 0, got {self.min_new_tokens}")
+            raise SamplingParamsError(f"min_new_tokens must be >= 0, got {self.min_new_tokens}", "min_new_tokens")
         if self.stream_interval is not None and self.stream_interval < 1:
-            raise SamplingParamsError(f"stream_interval must be >= 1, got {self.stream_interval}")
+            raise SamplingParamsError(f"stream_interval must be >= 1, got {self.stream_interval}", "stream_interval")
         if self.max_new_tokens is not None and self.min_new_tokens > self.max_new_tokens:
             raise SamplingParamsError(
                 f"min_new_tokens ({self.min_new_tokens}) must be <= max_new_tokens "
-                f"({self.max_new_tokens})")
+                f"({self.max_new_tokens})", "min_new_tokens")
         if self.n < 1:
-            raise SamplingParamsError(f"n must be >= 1, got {self.n}")
+            raise SamplingParamsError(f"n must be >= 1, got {self.n}", "n")
         for tid in self.stop_token_ids or []:
             if not 0 <= tid < vocab_size:
                 raise SamplingParamsError(
-                    f"stop_token_ids entry {tid} is outside the vocabulary [0, {vocab_size})")
+                    f"stop_token_ids entry {tid} is outside the vocabulary [0, {vocab_size})", "stop_token_ids")
         for s in self.stop_strs():
             if not s:
-                raise SamplingParamsError("stop strings must be non-empty")
+                raise SamplingParamsError("stop strings must be non-empty", "stop")
         for pattern in self.stop_regexes():
             try:
                 re.compile(pattern)
             except re.error as e:
-                raise SamplingParamsError(f"stop_regex {pattern!r} is not a valid regular expression: {e}") from None
+                raise SamplingParamsError(f"stop_regex {pattern!r} is not a valid regular expression: {e}",
+                                          "stop_regex") from None
         for key, bias in (self.logit_bias or {}).items():
             try:
                 tid = int(key)
             except ValueError:
-                raise SamplingParamsError(f"logit_bias key {key!r} is not a token id") from None
+                raise SamplingParamsError(f"logit_bias key {key!r} is not a token id", "logit_bias") from None
             if not 0 <= tid < vocab_size:
                 raise SamplingParamsError(
-                    f"logit_bias token id {tid} is outside the vocabulary [0, {vocab_size})")
+                    f"logit_bias token id {tid} is outside the vocabulary [0, {vocab_size})", "logit_bias")
             finite(f"logit_bias[{key}]", bias)
         grammars = [g for g in (self.json_schema, self.regex, self.ebnf, self.structural_tag) if g is not None]
         if len(grammars) > 1:

@@ -21,7 +21,6 @@ before it), so the Responses API can order message and call items as they came i
 
 from __future__ import annotations
 
-import json
 import uuid
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -248,8 +247,3 @@ class ToolCallStream:
                 self._sent_args[k] = len(call.arguments)
         self.content, self.calls, self.offsets = content, calls, offsets
         return out
-
-
-def dumps_arguments(arguments: Any) -> str:
-    """Arguments as JSON text the way the grammar writes them (compact separators, UTF-8)."""
-    return json.dumps(arguments, ensure_ascii=False)

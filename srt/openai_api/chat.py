@@ -23,8 +23,8 @@ from typing import Any, Optional
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
-from radixlm.srt.openai_api.common import (ServingContext, finish_reason, generate_request, grammar_params,
-                                           guarded_stream, max_new_tokens, native_sampling_params, new_id,
+from radixlm.srt.openai_api.common import (CHAT_PARAM_NAMES, ServingContext, finish_reason, generate_request,
+                                           grammar_params, guarded_stream, max_new_tokens, native_sampling_params, new_id,
                                            run_to_completion, sse, tokenize, usage_info)
 from radixlm.srt.function_call import ReasoningGrammar
 from radixlm.srt.openai_api.chat_output import ChoiceOutput
@@ -132,7 +132,7 @@ async def create_chat_completion(ctx: ServingContext, req: ChatCompletionRequest
     n, prompt_ids, prep = req.n or 1, chat.prompt_ids, chat.prep
     state = _ChatState(ctx, req, n, prompt_ids, chat.top_n, chat.reasoning, chat.tool_parser)
     if req.stream:
-        return StreamingResponse(guarded_stream(state.stream(prep, request)), media_type="text/event-stream")
+        return StreamingResponse(guarded_stream(state.stream(prep, request), CHAT_PARAM_NAMES), media_type="text/event-stream")
     results = await run_to_completion(ctx.tm, prep, request)
     choices = []
     for k, result in enumerate(results):

@@ -13,7 +13,8 @@ import dataclasses
 import json
 import logging
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
+from types import MappingProxyType
 from typing import Any, Optional, Sequence
 
 import msgspec
@@ -187,37 +188,56 @@ def sse(obj: Any) -> bytes:
 SSE_DONE = b"data: [DONE]\n\n"
 
 
-async def guarded_stream(events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    """Forward ``events``; an error becomes an in-band OpenAI error event; always ends with
-    ``[DONE]`` unless the client went away."""
+async def guarded_stream(events: AsyncIterator[bytes],
+                         param_names: Mapping[str, str] = MappingProxyType({})) -> AsyncIterator[bytes]:
+    """Forward ``events``; an error becomes an in-band OpenAI error event (``param_names`` as in
+    ``error_body``); always ends with ``[DONE]`` unless the client went away."""
     try:
         async for chunk in events:
             yield chunk
     except ClientDisconnected:
         return
     except Exception as e:  # noqa: BLE001 - the status line is already sent; report in-band
-        status, body = error_body(e)
+        status, body = error_body(e, param_names)
         yield sse(body)
     yield SSE_DONE
 
 
-def error_body(exc: BaseException) -> tuple[int, dict]:
-    """The single exception -> ``(status, OpenAI error body)`` mapping of the OpenAI routes."""
+# Native field -> the /v1 field it comes from, where the names differ; a field not listed keeps its
+# name (stop, temperature, regex, ...). The native errors name native fields (``InvalidRequestError.param``,
+# ``RequestError.param``); the OpenAI error body names what the client sent.
+COMPLETION_PARAM_NAMES = MappingProxyType({
+    "input_ids": "prompt", "max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens",
+    "top_logprobs_num": "logprobs", "sampling_seed": "seed"})
+CHAT_PARAM_NAMES = MappingProxyType({
+    **COMPLETION_PARAM_NAMES, "input_ids": "messages", "top_logprobs_num": "top_logprobs",
+    "json_schema": "response_format", "structural_tag": "tools"})
+RESPONSES_PARAM_NAMES = MappingProxyType({
+    **CHAT_PARAM_NAMES, "input_ids": "input", "max_new_tokens": "max_output_tokens", "json_schema": "text.format"})
+
+
+def error_body(exc: BaseException, param_names: Mapping[str, str] = MappingProxyType({})) -> tuple[int, dict]:
+    """The single exception -> ``(status, OpenAI error body)`` mapping of the OpenAI routes.
+
+    ``param_names``: native field -> the route's field (``COMPLETION_PARAM_NAMES``, ``CHAT_PARAM_NAMES``),
+    applied to the ``param`` that a native error (``InvalidRequestError``, ``RequestError``) names.
+    """
     if isinstance(exc, OpenAIError):
         return exc.status, openai_error_body(exc.message, exc.status, exc.param, exc.code)
     if isinstance(exc, ValidationError):
         message, param = validation_message(list(exc.errors()))
         return 400, openai_error_body(message, 400, param)
-    if isinstance(exc, InvalidRequestError):
-        return 400, openai_error_body(str(exc), 400)
-    if isinstance(exc, RequestError):
-        return exc.status_code, openai_error_body(exc.message, exc.status_code)
+    if isinstance(exc, (InvalidRequestError, RequestError)):
+        status = exc.status_code if isinstance(exc, RequestError) else 400
+        param = param_names.get(exc.param, exc.param) if exc.param is not None else None
+        return status, openai_error_body(str(exc), status, param)
     logger.error("internal error in an OpenAI route", exc_info=exc)
     return 500, openai_error_body(f"internal server error: {type(exc).__name__}: {exc}", 500)
 
 
-def error_json(exc: BaseException) -> Response:
-    status, body = error_body(exc)
+def error_json(exc: BaseException, param_names: Mapping[str, str] = MappingProxyType({})) -> Response:
+    """``error_body`` as a JSON response."""
+    status, body = error_body(exc, param_names)
     return Response(msgspec.json.encode(body), status_code=status, media_type="application/json")
 
 

@@ -16,7 +16,7 @@ from typing import Any, Optional
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
-from radixlm.srt.openai_api.common import (ServingContext, finish_reason, generate_request,
+from radixlm.srt.openai_api.common import (COMPLETION_PARAM_NAMES, ServingContext, finish_reason, generate_request,
                                            grammar_params, guarded_stream, max_new_tokens, native_sampling_params,
                                            new_id, run_to_completion, sse, tokenize, usage_info)
 from radixlm.srt.openai_api.logprobs import TokenStrings, completion_logprobs
@@ -84,7 +84,7 @@ async def create_completion(ctx: ServingContext, req: CompletionRequest, request
     ctx.tm.check_admission(prep)
     state = _State(ctx, req, n, prompt_ids, prompt_texts)
     if req.stream:
-        return StreamingResponse(guarded_stream(state.stream(prep, request)), media_type="text/event-stream")
+        return StreamingResponse(guarded_stream(state.stream(prep, request), COMPLETION_PARAM_NAMES), media_type="text/event-stream")
     results = await run_to_completion(ctx.tm, prep, request)
     choices = [state.choice(k, r) for k, r in enumerate(results)]
     body = CompletionResponse(id=state.id, created=state.created, model=ctx.model_name,

@@ -51,8 +51,8 @@ from pydantic import TypeAdapter, ValidationError
 from radixlm.managers.tokenizer_manager import ClientDisconnected
 from radixlm.srt.openai_api.chat import PreparedChat, prepare_chat
 from radixlm.srt.openai_api.chat_output import ChoiceOutput
-from radixlm.srt.openai_api.common import ServingContext, error_body, finish_reason, run_to_completion, \
-    validation_message
+from radixlm.srt.openai_api.common import RESPONSES_PARAM_NAMES, ServingContext, error_body, finish_reason, \
+    run_to_completion, validation_message
 from radixlm.srt.openai_api.protocol import ChatCompletionRequest, OpenAIError
 from radixlm.srt.openai_api.responses_protocol import (BuiltinItem, BuiltinToolSpec, FunctionCallItem,
                                                        FunctionCallOutputItem, InputItem, MediaPart, MessageItem,
@@ -390,7 +390,7 @@ class _Response:
         except ClientDisconnected:
             return
         except Exception as e:  # noqa: BLE001 - the status line is sent; report in-band
-            _, err = error_body(e)
+            _, err = error_body(e, RESPONSES_PARAM_NAMES)
             b.event("error", code=err["error"]["code"] or err["error"]["type"], message=err["error"]["message"],
                     param=err["error"]["param"])
             b.event("response.failed", response=self.body("failed", error={"code": "server_error",

@@ -20,6 +20,8 @@ from __future__ import annotations
 import functools
 import logging
 import time
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any, Awaitable, Callable
 
 from fastapi import APIRouter, Request
@@ -28,7 +30,8 @@ from fastapi.responses import Response
 from radixlm.managers.tokenizer_manager import ClientDisconnected
 from radixlm.srt.openai_api.chat import create_chat_completion
 from radixlm.srt.openai_api.chat_template import ChatTemplate
-from radixlm.srt.openai_api.common import ServingContext, error_json
+from radixlm.srt.openai_api.common import (CHAT_PARAM_NAMES, COMPLETION_PARAM_NAMES, RESPONSES_PARAM_NAMES,
+                                           ServingContext, error_json)
 from radixlm.srt.openai_api.completions import create_completion
 from radixlm.srt.openai_api.protocol import (ChatCompletionRequest, CompletionRequest, ModelCard, ModelList,
                                              OpenAIError)
@@ -38,19 +41,24 @@ from radixlm.srt.openai_api.tool_request import ToolValidator
 logger = logging.getLogger(__name__)
 
 
-def _openai_errors(handler: Callable[..., Awaitable[Response]]) -> Callable[..., Awaitable[Response]]:
-    """Turn any exception of ``handler`` into an OpenAI error response (499 if the client left)."""
+def _openai_errors(param_names: Mapping[str, str] = MappingProxyType({})
+                   ) -> Callable[[Callable[..., Awaitable[Response]]], Callable[..., Awaitable[Response]]]:
+    """A decorator turning any exception of a handler into an OpenAI error response (499 if the
+    client left); ``param_names`` renames the native field a native error names (``error_body``)."""
 
-    @functools.wraps(handler)
-    async def wrapper(*args: Any, **kwargs: Any) -> Response:
-        try:
-            return await handler(*args, **kwargs)
-        except ClientDisconnected:
-            return Response(status_code=499)  # nobody is listening
-        except Exception as e:  # noqa: BLE001 - error_json logs the unexpected ones
-            return error_json(e)
+    def decorate(handler: Callable[..., Awaitable[Response]]) -> Callable[..., Awaitable[Response]]:
+        @functools.wraps(handler)
+        async def wrapper(*args: Any, **kwargs: Any) -> Response:
+            try:
+                return await handler(*args, **kwargs)
+            except ClientDisconnected:
+                return Response(status_code=499)  # nobody is listening
+            except Exception as e:  # noqa: BLE001 - error_json logs the unexpected ones
+                return error_json(e, param_names)
 
-    return wrapper
+        return wrapper
+
+    return decorate
 
 
 def _tool_parser(server_args: Any, template: ChatTemplate) -> Any:
@@ -110,12 +118,12 @@ def create_openai_router(tm: Any, server_args: Any, model_info: dict, tokenizer:
     router = APIRouter()
 
     @router.get("/v1/models")
-    @_openai_errors
+    @_openai_errors()
     async def list_models() -> Response:
         return Response(ModelList(data=[card]).model_dump_json(), media_type="application/json")
 
     @router.get("/v1/models/{model_id:path}")
-    @_openai_errors
+    @_openai_errors()
     async def retrieve_model(model_id: str) -> Response:
         if model_id != card.id:
             raise OpenAIError(f"The model '{model_id}' does not exist; this server serves '{card.id}'", 404,
@@ -123,13 +131,13 @@ def create_openai_router(tm: Any, server_args: Any, model_info: dict, tokenizer:
         return Response(card.model_dump_json(), media_type="application/json")
 
     @router.post("/v1/completions")
-    @_openai_errors
+    @_openai_errors(COMPLETION_PARAM_NAMES)
     async def completions(request: Request) -> Response:
         req = CompletionRequest.model_validate_json(await request.body())
         return await create_completion(ctx, req, request)
 
     @router.post("/v1/chat/completions")
-    @_openai_errors
+    @_openai_errors(CHAT_PARAM_NAMES)
     async def chat_completions(request: Request) -> Response:
         req = ChatCompletionRequest.model_validate_json(await request.body())
         return await create_chat_completion(ctx, req, request)
@@ -137,18 +145,18 @@ def create_openai_router(tm: Any, server_args: Any, model_info: dict, tokenizer:
     store = responses.ResponseStore(int(getattr(server_args, "responses_store_size", responses.DEFAULT_STORE_SIZE)))
 
     @router.post("/v1/responses")
-    @_openai_errors
+    @_openai_errors(RESPONSES_PARAM_NAMES)
     async def create_response(request: Request) -> Response:
         req = responses.parse_request(await request.body())
         return await responses.create_response(ctx, store, req, request)
 
     @router.get("/v1/responses/{response_id:path}")
-    @_openai_errors
+    @_openai_errors()
     async def retrieve_response(response_id: str) -> Response:
         return responses.retrieve(store, response_id)
 
     @router.delete("/v1/responses/{response_id:path}")
-    @_openai_errors
+    @_openai_errors()
     async def delete_response(response_id: str) -> Response:
         return responses.delete(store, response_id)
 

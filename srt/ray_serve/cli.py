@@ -21,13 +21,12 @@ import argparse
 import dataclasses
 import logging
 import math
-import os
-import sys
 import time
 from typing import Any, Optional
 
 from radixlm.srt.ray_serve.app import PREFIX_TREE_ACTOR, REPLICA_DEPLOYMENT, RayServeOptions
-from radixlm.srt.server_args import ServerArgs, ServerArgsError
+from radixlm.srt.launch_server import exit_process, parse_server_args
+from radixlm.srt.server_args import ServerArgs
 from radixlm.srt.stop_signals import StopDuringStartup, StopSignals, configure_launcher_logging
 
 logger = logging.getLogger("radixlm.serve_ray")
@@ -52,12 +51,7 @@ def main(argv: Optional[list[str]] = None, prog: str = "radixlm serve-ray") -> i
                            help="GPUs Ray reserves for each replica (default: 0)")
     ray_flags.add_argument("--max-ongoing-requests-per-replica", type=int, default=256, help=(
         "requests Serve lets into one replica at a time; the rest wait in Serve (default: 256)"))
-    ServerArgs.add_cli_args(parser)
-    ns = parser.parse_args(argv)
-    try:
-        args = ServerArgs.from_cli_args(ns)
-    except ServerArgsError as e:
-        parser.error(str(e))
+    args, ns = parse_server_args(parser, argv)
     if ns.num_replicas < 1:
         parser.error(f"--num-replicas must be >= 1, got {ns.num_replicas}")
     if not 0 < ns.num_cpus_per_replica < math.inf:
@@ -71,11 +65,7 @@ def main(argv: Optional[list[str]] = None, prog: str = "radixlm serve-ray") -> i
     options = RayServeOptions(num_replicas=ns.num_replicas, num_cpus_per_replica=ns.num_cpus_per_replica,
                               num_gpus_per_replica=ns.num_gpus_per_replica,
                               max_ongoing_requests=ns.max_ongoing_requests_per_replica)
-    code = serve_ray(args, options, ns.ray_address)
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    exit_process(serve_ray(args, options, ns.ray_address))
 
 
 def replica_argv(args: ServerArgs, cpus_per_replica: float) -> list[str]:

@@ -28,6 +28,8 @@ from typing import Any, AsyncIterator, Optional
 
 import httpx
 
+from radixlm.srt.health_wait import wait_healthy
+
 START_TIMEOUT_S = 600.0  # a first start may convert a GGUF and compile the CPU kernels
 STOP_TIMEOUT_S = 15.0
 HEALTH_TIMEOUT_S = 10.0
@@ -121,18 +123,13 @@ class RadixlmReplica:
         return "".join(self._tail)
 
     def _wait_healthy(self) -> None:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                time.sleep(0.2)  # let the log pump read the last lines
-                raise RuntimeError(f"the radixlm server exited during startup (exit code {self.proc.returncode}):\n"
-                                   f"{self.log_tail()}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
+        outcome = wait_healthy(self.url, self.proc, START_TIMEOUT_S)
+        if outcome == "healthy":
+            return
+        if outcome == "exited":
+            time.sleep(0.2)  # let the log pump read the last lines
+            raise RuntimeError(f"the radixlm server exited during startup (exit code {self.proc.returncode}):\n"
+                               f"{self.log_tail()}")
         self.stop()
         raise RuntimeError(f"the radixlm server was not healthy after {START_TIMEOUT_S:.0f} s:\n{self.log_tail()}")
 

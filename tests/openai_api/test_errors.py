@@ -50,10 +50,24 @@ CASES = [
     ("response_format bad schema", CHAT,
      {"messages": USER,
       "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "foo"}}}},
-     400, "foo", None),
+     400, "foo", "response_format"),
     ("response_format and regex", CHAT, {"messages": USER, "response_format": {"type": "json_object"}, "regex": "a"},
      400, "at most one output constraint", "regex"),
-    ("bad regex", COMPLETIONS, {"prompt": "Lily", "regex": "(("}, 400, "parenthesis", None),
+    ("bad regex", COMPLETIONS, {"prompt": "Lily", "regex": "(("}, 400, "parenthesis", "regex"),
+    ("chat bad regex", CHAT, {"messages": USER, "regex": "(("}, 400, "parenthesis", "regex"),
+    ("completion bad json_schema", COMPLETIONS, {"prompt": "Lily", "json_schema": {"type": "foo"}}, 400, "foo",
+     "json_schema"),
+    ("empty stop", COMPLETIONS, {"prompt": "Lily", "stop": ""}, 400, "stop strings must be non-empty", "stop"),
+    ("empty stop in a list", CHAT, {"messages": USER, "stop": ["", "x"]}, 400, "stop strings must be non-empty",
+     "stop"),
+    ("top_k 0", COMPLETIONS, {"prompt": "Lily", "top_k": 0}, 400, "top_k must be -1", "top_k"),
+    ("min_p above 1", CHAT, {"messages": USER, "min_p": 1.5}, 400, "min_p must be in [0, 1]", "min_p"),
+    ("min_tokens above max_tokens", COMPLETIONS, {"prompt": "Lily", "min_tokens": 5, "max_tokens": 2}, 400,
+     "must be <= max_new_tokens", "min_tokens"),
+    ("stop_token_ids outside vocab", CHAT, {"messages": USER, "stop_token_ids": [600]}, 400, "outside the vocabulary",
+     "stop_token_ids"),
+    ("logit_bias key not a token id", COMPLETIONS, {"prompt": "Lily", "logit_bias": {"x": 1}}, 400,
+     "is not a token id", "logit_bias"),
     ("temperature of wrong type", COMPLETIONS, {"prompt": "Lily", "temperature": "hot"}, 400, "valid number",
      "temperature"),
     ("n as a string", CHAT, {"messages": USER, "n": "2"}, 400, "valid integer", "n"),
@@ -61,13 +75,16 @@ CASES = [
     ("prompt of wrong type", COMPLETIONS, {"prompt": 5}, 400, "prompt: Input should be a valid", "prompt"),
     ("messages not a list", CHAT, {"messages": "hi"}, 400, "valid array", "messages"),
     ("empty prompt list", COMPLETIONS, {"prompt": []}, 400, "prompt is empty", "prompt"),
-    ("token id outside vocab", COMPLETIONS, {"prompt": [1, 600]}, 400, "outside the vocabulary", None),
+    ("token id outside vocab", COMPLETIONS, {"prompt": [1, 600]}, 400, "outside the vocabulary", "prompt"),
     ("temperature out of range", CHAT, {"messages": USER, "temperature": 3}, 400, "less than or equal to 2",
      "temperature"),
     ("logprobs too many", COMPLETIONS, {"prompt": "Lily", "logprobs": 50}, 400, "less than or equal to 20", "logprobs"),
     ("top_logprobs without logprobs", CHAT, {"messages": USER, "top_logprobs": 2}, 400, "needs logprobs",
      "top_logprobs"),
     ("unknown field", COMPLETIONS, {"prompt": "Lily", "temprature": 0}, 400, "unknown field", "temprature"),
+    # Not an OpenAI field, nor one of the SGLang extras of /v1: refused, so never out of range here.
+    ("logprob_start_len on /v1", COMPLETIONS, {"prompt": "Lily", "logprobs": 1, "logprob_start_len": 50}, 400,
+     "unknown field", "logprob_start_len"),
     ("tool parameters not an object schema", CHAT,
      {"messages": USER, "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "array"}}}]},
      400, 'JSON Schema of type "object"', "tools.0.function.parameters"),
@@ -149,6 +166,8 @@ def test_bad_request(http, case, path, body, status, text, param):
 def test_bad_stream_request_fails_before_streaming(http):
     resp = http.post(CHAT, json={"model": MODEL, "messages": [], "stream": True})
     _assert_openai_error(resp, 400, "at least 1 item", "messages")
+    empty_stop = http.post(COMPLETIONS, json={"model": MODEL, "prompt": "Lily", "stop": [""], "stream": True})
+    _assert_openai_error(empty_stop, 400, "stop strings must be non-empty", "stop")
 
 
 def test_malformed_json_and_not_an_object(http):

@@ -61,6 +61,17 @@ def test_required_gives_valid_calls(tc, parallel):
     assert len(calls) == 1 if not parallel else len(calls) >= 1, calls
 
 
+def test_arguments_text_uses_comma_space_and_colon_space(tc):
+    """``arguments`` is the JSON the model wrote under the grammar: one line, ``", "`` between members
+    and ``": "`` after keys (xgrammar's default JSON whitespace), i.e. ``json.dumps``'s own layout
+    (docs/api.md)."""
+    got = _create(tc, tools=[WEATHER], tool_choice="required", parallel_tool_calls=False)
+    [call] = got.choices[0].message.tool_calls
+    text = call.function.arguments
+    assert text == json.dumps(json.loads(text), ensure_ascii=False), text
+    assert '", "unit": "' in text and "\n" not in text, text
+
+
 def test_parallel_calls_are_several_for_this_prompt(tc):
     """Greedy stories260K under the grammar writes two calls when allowed (one when not, above)."""
     got = _create(tc, tools=TOOLS, tool_choice="required")

@@ -8,7 +8,7 @@ from pathlib import Path
 import httpx
 
 from tests.server.conftest import launch  # noqa: F401  (the same server factory fixture)
-from tests.server.helpers import ServerProcess, descendants, wait_idle
+from tests.server.helpers import ServerProcess, assert_pool_free_after_flush, descendants  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[2]
 CHAT_TEMPLATE = str(Path(__file__).with_name("chatml.jinja"))  # stories260K has no chat template of its own
@@ -16,17 +16,6 @@ CHAT_TEMPLATE = str(Path(__file__).with_name("chatml.jinja"))  # stories260K has
 
 def app_routes(http: httpx.Client) -> set[str]:
     return set(http.get("/openapi.json").json()["paths"])
-
-
-def assert_pool_free_after_flush(http: httpx.Client, idle_timeout_s: float = 30.0) -> dict:
-    """Idle, ``/flush_cache`` succeeds, and every KV token is free again."""
-    wait_idle(http, timeout_s=idle_timeout_s)
-    resp = http.post("/flush_cache")
-    assert resp.status_code == 200, resp.text
-    state = http.get("/get_server_info").json()["internal_state"]
-    assert state["available_size"] == state["max_total_num_tokens"], state
-    assert state["evictable_size"] == 0 and state["protected_size"] == 0, state
-    return state
 
 
 def assert_clean_log(server: ServerProcess) -> None:

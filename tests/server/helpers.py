@@ -20,6 +20,8 @@ from typing import Optional
 
 import httpx
 
+from radixlm.srt.health_wait import wait_healthy
+
 START_TIMEOUT_S = 240.0
 STOP_TIMEOUT_S = 15.0
 # Small KV pool: faster start, and still room for the abort tests' 16 long requests.
@@ -101,16 +103,11 @@ class ServerProcess:
         return server
 
     def _wait_healthy(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode} during startup:\n{self.log()[-5000:]}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
+        outcome = wait_healthy(self.url, self.proc, timeout_s)
+        if outcome == "healthy":
+            return
+        if outcome == "exited":
+            raise RuntimeError(f"server exited with {self.proc.returncode} during startup:\n{self.log()[-5000:]}")
         self.kill()
         raise RuntimeError(f"server not healthy after {timeout_s} s:\n{self.log()[-5000:]}")
 
@@ -188,6 +185,17 @@ def sse_events(client: httpx.Client, body: dict) -> list:
             payload = line[len("data: "):]
             events.append(payload if payload == "[DONE]" else json.loads(payload))
     return events
+
+
+def assert_pool_free_after_flush(client: httpx.Client, idle_timeout_s: float = 30.0) -> dict:
+    """Idle, ``/flush_cache`` succeeds, and every KV token is free again (no page or slot leaked)."""
+    wait_idle(client, timeout_s=idle_timeout_s)
+    resp = client.post("/flush_cache")
+    assert resp.status_code == 200, resp.text
+    state = client.get("/get_server_info").json()["internal_state"]
+    assert state["available_size"] == state["max_total_num_tokens"], state
+    assert state["evictable_size"] == 0 and state["protected_size"] == 0, state
+    return state
 
 
 def wait_idle(client: httpx.Client, timeout_s: float = 10.0) -> dict:

@@ -6,10 +6,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from radixlm.managers.validation import InvalidRequestError
 from radixlm.srt.engine import Engine
 from tests.conftest import STORY_PROMPTS
 
-from .helpers import greedy, sse_events
+from .helpers import assert_pool_free_after_flush, greedy, sse_events
 
 
 @pytest.fixture(scope="module")
@@ -205,3 +206,26 @@ def test_null_sampling_fields_mean_default(http, engine):
     got = http.post("/generate", json={"text": "Lily", "sampling_params": params})
     assert got.status_code == 200, got.text
     assert _strip(got.json()) == _strip(engine.generate("Lily", greedy(6)))
+
+
+def test_logprob_start_len_must_be_a_prompt_position(http, engine):
+    """SGLang's rule: with return_logprob, logprob_start_len < the input length (or -1); beyond it is a
+    400 naming both numbers (it used to be clamped silently), nothing is queued, nothing leaks."""
+    prompt = STORY_PROMPTS[1]
+    n = len(engine.tokenizer.encode(prompt))
+    base = {"text": prompt, "sampling_params": greedy(2), "return_logprob": True}
+    for start in (n, n + 7):
+        resp = http.post("/generate", json={**base, "logprob_start_len": start})
+        assert resp.status_code == 400, resp.text
+        assert resp.json()["error"]["message"].startswith(
+            f"logprob_start_len ({start}) should be less than the input length ({n} tokens)"), resp.text
+    batch = http.post("/generate", json={**base, "text": [prompt, "Lily"], "logprob_start_len": [0, n]})
+    assert batch.status_code == 400 and "should be less than the input length" in batch.text, batch.text
+    with pytest.raises(InvalidRequestError, match=r"logprob_start_len \(\d+\) should be less than"):
+        engine.generate(prompt, greedy(2), return_logprob=True, logprob_start_len=n)
+    last = http.post("/generate", json={**base, "logprob_start_len": n - 1}).json()["meta_info"]
+    assert [t[1] for t in last["input_token_logprobs"]] == engine.tokenizer.encode(prompt)[-1:]
+    # Without return_logprob the start is unused, so not checked (as in SGLang).
+    unused = http.post("/generate", json={"text": prompt, "sampling_params": greedy(2), "logprob_start_len": n + 7})
+    assert unused.status_code == 200, unused.text
+    assert_pool_free_after_flush(http)
