@@ -40,6 +40,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _listening(port: int) -> bool:
+    """Whether something accepts TCP connections on 127.0.0.1:``port``."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
 def _ppid_map() -> dict[int, list[int]]:
     """parent pid -> live child pids, from /proc (zombies excluded: they have exited)."""
     children: dict[int, list[int]] = {}
@@ -105,12 +111,15 @@ class ServerProcess:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with {self.proc.returncode} during startup:\n{self.log()[-5000:]}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
+            # A bare connect is cheap enough to poll often (an httpx call builds an SSL context
+            # each time, CPU the starting server needs); /health is asked once the port listens.
+            if _listening(self.port):
+                try:
+                    if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                        return
+                except httpx.HTTPError:
+                    pass
+            time.sleep(0.05)
         self.kill()
         raise RuntimeError(f"server not healthy after {timeout_s} s:\n{self.log()[-5000:]}")
 
