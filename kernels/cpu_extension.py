@@ -3,8 +3,9 @@
 The sources are built with ``torch.utils.cpp_extension.load`` (ninja + the system C++ compiler)
 into ``$RADIXLM_KERNEL_CACHE`` (default ``~/.cache/radixlm/kernels``), in a folder per torch
 version, CPU capability and digest of the sources, and registered as ``torch.ops.radixlm_cpu.*``. The first build takes
-~20 s on 2 cores; later processes load the cached library (torch rebuilds it when a source changes;
-its file lock makes concurrent first builds, e.g. of several TP ranks, safe).
+~20 s on 2 cores; later processes load the library that folder holds with ``torch.ops.load_library``
+(no compiler or ninja run: a changed source or flag means another digest, so another folder); the
+file lock makes concurrent first builds, e.g. of several TP ranks, safe.
 
 The vector width follows torch's own dispatch (``torch.backends.cpu.get_cpu_capability()``):
 AVX-512 or AVX2 via ATen's ``at::vec`` (the ``CPU_CAPABILITY_*`` macros), else scalar code.
@@ -88,6 +89,38 @@ def build_lock(build_dir: Path) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+def build_directory() -> Path:
+    """The folder this process builds into and loads from: ``$RADIXLM_KERNEL_CACHE`` (default
+    ``~/.cache/radixlm/kernels``) / ``torch<version>-<capability>-<digest of sources and flags>``;
+    the library in it is ``radixlm_cpu_<capability>.so``."""
+    import torch
+
+    cache = Path(os.environ.get("RADIXLM_KERNEL_CACHE") or Path.home() / ".cache" / "radixlm" / "kernels")
+    return cache / f"torch{torch.__version__.split('+')[0]}-{_capability().lower()}-{_sources_digest()}"
+
+
+def _load_built(library: Path) -> bool:
+    """Load ``library`` if a build left it (call under ``build_lock``); False when there is none or
+    it does not load (a link cut short), so the caller builds.
+
+    The folder's name already pins what the library was built from (torch version, CPU capability,
+    digest of the sources and flags), so an existing library is the right one. Going through
+    ``cpp_extension.load`` again would re-run the compiler checks and ninja on every start, and
+    ninja rebuilds everything whenever ``build.ninja`` differs, e.g. when the same checkout is
+    used from another virtual environment (its torch include paths differ): minutes, not a second.
+    """
+    import torch
+
+    if not library.is_file():
+        return False
+    try:
+        torch.ops.load_library(str(library))
+    except OSError as e:
+        logger.warning("%s does not load (%s); building it again", library, e)
+        return False
+    return True
+
+
 @functools.lru_cache(maxsize=None)
 def load_cpu_kernels() -> None:
     """Build (once per machine) and load the kernels into ``torch.ops.radixlm_cpu``.
@@ -100,17 +133,16 @@ def load_cpu_kernels() -> None:
     from torch.utils import cpp_extension
 
     cap = _capability()
-    cache = Path(os.environ.get("RADIXLM_KERNEL_CACHE") or Path.home() / ".cache" / "radixlm" / "kernels")
-    build_dir = cache / f"torch{torch.__version__.split('+')[0]}-{cap.lower()}-{_sources_digest()}"
+    build_dir = build_directory()
+    name = f"radixlm_cpu_{cap.lower()}"
     try:
         build_dir.mkdir(parents=True, exist_ok=True)
         with build_lock(build_dir):
-            if not any(build_dir.glob("*.so")):
+            if not _load_built(build_dir / f"{name}.so"):
                 logger.info("compiling radixlm's C++ CPU kernels into %s (first start only: 1-2 min on idle cores, "
                             "several minutes on a busy machine)", build_dir)
-            cpp_extension.load(name=f"radixlm_cpu_{cap.lower()}", sources=[str(s) for s in SOURCES],
-                               extra_cflags=_cflags(cap), build_directory=str(build_dir), is_python_module=False,
-                               verbose=False)
+                cpp_extension.load(name=name, sources=[str(s) for s in SOURCES], extra_cflags=_cflags(cap),
+                                   build_directory=str(build_dir), is_python_module=False, verbose=False)
     except Exception as e:  # compiler missing, ninja missing, build error
         raise CpuKernelsUnavailable(f"building radixlm's C++ CPU kernels in {build_dir} failed: {e}") from e
     missing = [op for op in OPS if not hasattr(torch.ops.radixlm_cpu, op)]

@@ -116,12 +116,15 @@ def launch_server(args: ServerArgs) -> int:
         from radixlm.srt.model_loader import load_tokenizer, resolve_model_path
 
         resolved = resolve_model_path(args.model_path, cache_dir=args.cache_dir)
+        paths = IpcPaths.in_new_tempdir()
+        logger.info("IPC sockets in %s", paths.root)
+        # Children first: their imports and model load then overlap this process's config and
+        # tokenizer load instead of waiting for it (a start is mostly CPU-bound imports).
+        children = _start_children(args, resolved, paths)
         model_config = ModelConfig.from_path(resolved, dtype=args.dtype, context_length=args.context_length,
                                              device=args.device, cache_dir=args.cache_dir)
         tokenizer = load_tokenizer(resolved, args.tokenizer_path, cache_dir=args.cache_dir)
-        paths = IpcPaths.in_new_tempdir()
-        logger.info("IPC sockets in %s", paths.root)
-        children = _start_children(args, resolved, paths)
+        _import_serving_modules(args)
         if args.nnodes > 1:
             logger.info("waiting for %d more node(s) to join at %s", args.nnodes - 1, args.dist_init_addr)
         if not _wait_ready(children):
@@ -190,6 +193,18 @@ def _start_children(args: ServerArgs, resolved: str, paths: Any) -> list[_Child]
         children.append(_Child(name, proc, reader))
         logger.info("started %s process (pid %d)", name, proc.pid)
     return children
+
+
+def _import_serving_modules(args: ServerArgs) -> None:
+    """Import what ``_serve`` needs (uvicorn, the FastAPI app, the grammar library the tool-call
+    validator checks tags with) while the children start, rather than after they are ready."""
+    import uvicorn  # noqa: F401
+
+    import radixlm.managers.tokenizer_manager  # noqa: F401
+    import radixlm.srt.http_server  # noqa: F401
+
+    if args.grammar_backend == "xgrammar":
+        import xgrammar  # noqa: F401
 
 
 def _wait_ready(children: list[_Child]) -> bool:

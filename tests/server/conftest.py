@@ -1,4 +1,5 @@
-"""Fixtures for the server tests: one real server launch per test module (see ``helpers.py``)."""
+"""Fixtures for the server tests: real server launches (see ``helpers.py``): ``launch`` for a module's
+own servers, ``server_pool`` for default-settings servers that modules share."""
 
 from __future__ import annotations
 
@@ -30,10 +31,36 @@ def launch():
         os.unlink(server.log_path)
 
 
+@pytest.fixture(scope="session")
+def server_pool():
+    """Factory: ``server_pool(args) -> ServerProcess``, one server per distinct argument list for the
+    whole session, started on first use. Only for tests that need *a* server with those settings,
+    not a fresh one: they take counters as deltas and flush before checking the cache, and never
+    stop, kill or signal it (those use ``launch``). Each must still be alive when asked for again,
+    and exit cleanly, no child left, at the end of the session."""
+    servers: dict[tuple[str, ...], ServerProcess] = {}
+
+    def _get(args: list[str]) -> ServerProcess:
+        key = tuple(args)
+        server = servers.get(key)
+        if server is None:
+            server = servers[key] = ServerProcess.start(args)
+        elif server.proc.poll() is not None:
+            raise RuntimeError(f"the shared server {args} exited ({server.proc.returncode}):\n{server.log()[-3000:]}")
+        return server
+
+    yield _get
+    for server in servers.values():
+        try:
+            assert server.stop() == 0, server.log()[-3000:]
+        finally:
+            os.unlink(server.log_path)
+
+
 @pytest.fixture(scope="module")
-def server(launch, stories_path) -> ServerProcess:
-    """A stories260K server with default settings, shared by one test module."""
-    return launch(["--model-path", stories_path, *BASE_ARGS])
+def server(server_pool, stories_path) -> ServerProcess:
+    """A stories260K server with default settings, shared by the modules that use it (``server_pool``)."""
+    return server_pool(["--model-path", stories_path, *BASE_ARGS])
 
 
 @pytest.fixture(scope="module")
