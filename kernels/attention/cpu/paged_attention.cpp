@@ -74,7 +74,7 @@ inline float exp_sub_sum(float* s, float m, int64_t n) {
     e.store(s + i);
     acc = acc + e;
   }
-  float sum = at::vec::vec_reduce_all<float>([](Vec& x, Vec& y) { return x + y; }, acc);
+  float sum = at::vec::vec_reduce_all<float>([](const Vec& x, const Vec& y) { return x + y; }, acc);
   for (; i < n; ++i) {
     s[i] = std::exp(s[i] - m);
     sum += s[i];

@@ -13,6 +13,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 #include <torch/library.h>
 
@@ -58,7 +59,7 @@ void add_rms_norm_impl(at::Tensor& h, const at::Tensor& delta, const at::Tensor&
           const Vec v = Vec::loadu(x + i);
           acc = at::vec::fmadd(v, v, acc);
         }
-        ss = at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return a + b; }, acc);
+        ss = at::vec::vec_reduce_all<float>([](const Vec& a, const Vec& b) { return a + b; }, acc);
       }
       for (; i < n; ++i) ss += to_f(x[i]) * to_f(x[i]);
       const float inv = 1.f / std::sqrt(ss / static_cast<float>(n) + static_cast<float>(eps));
@@ -172,11 +173,15 @@ void silu_and_mul_impl(const at::Tensor& x, at::Tensor& out) {
       const T* u = g + n;
       T* o = op + r * n;
       if constexpr (std::is_same_v<T, float>) {
+        // Two vectors per step and the rest scalar, as torch's vectorized_loop splits a row: the
+        // vector exp (Sleef) and std::exp differ in the last bit, so the split must match F.silu's.
         const Vec one(1.f);
         int64_t i = 0;
-        for (; i + Vec::size() <= n; i += Vec::size()) {
-          const Vec gv = Vec::loadu(g + i);
-          ((gv / (one + gv.neg().exp())) * Vec::loadu(u + i)).store(o + i);
+        for (; i + 2 * Vec::size() <= n; i += 2 * Vec::size()) {
+          for (int64_t j = i; j < i + 2 * Vec::size(); j += Vec::size()) {
+            const Vec gv = Vec::loadu(g + j);
+            ((gv / (one + gv.neg().exp())) * Vec::loadu(u + j)).store(o + j);
+          }
         }
         for (; i < n; ++i) o[i] = (g[i] / (1.f + std::exp(-g[i]))) * u[i];
       } else {
