@@ -23,7 +23,8 @@
 # server flags), LLAMA_NP (llama-server slots, 64), LLAMA_GGUF (default: the SmolLM2 f32 GGUF of
 # build_llama_server.sh, used only when MODEL_DIR is the default SmolLM2 folder), VLLM_KV_GB (vLLM's
 # CPU KV cache, 4), HF_CB_BLOCKS (transformers serve KV blocks of 256 tokens, 256), START_TIMEOUT (s,
-# 600), RADIXLM_PYTHON (python3). The servers stay up together while each is benchmarked in turn:
+# 600), RADIXLM_PYTHON (python3), DTYPE (auto: what radixlm's --dtype auto picks on this CPU, bfloat16
+# with AMX-BF16 / AVX512-BF16, else float32; every float server gets that --dtype). The servers stay up together while each is benchmarked in turn:
 # the idle ones cost little CPU.
 set -euo pipefail
 
@@ -35,6 +36,11 @@ START_TIMEOUT="${START_TIMEOUT:-600}"
 LOGS="$(mktemp -d /tmp/radixlm-peers.XXXXXX)"
 DEFAULT_MODEL="$("$PY" -c 'from radixlm.srt.model_loader import resolve_model_path; print(resolve_model_path(None))')"
 MODEL_DIR="${MODEL_DIR:-$DEFAULT_MODEL}"
+DTYPE="${DTYPE:-auto}"
+if [ "$DTYPE" = auto ]; then
+    DTYPE="$("$PY" -c 'from radixlm.srt.cpu_runtime import cpu_info, prefers_bf16; print("bfloat16" if prefers_bf16(cpu_info()) else "float32")')"
+fi
+echo "dtype: $DTYPE (radixlm, vLLM, transformers); llama-server runs its GGUF's own types"
 export OMP_NUM_THREADS="$THREADS"
 if [ -z "${PEERS:-}" ]; then
     PEERS="radixlm radixlm-ngram radixlm-q4 vllm llama-server"
@@ -81,6 +87,7 @@ start() {
 }
 
 read -r -a RADIXLM_EXTRA <<< "${RADIXLM_ARGS:-}"
+RADIXLM_EXTRA=(--dtype "$DTYPE" "${RADIXLM_EXTRA[@]}")
 if want radixlm; then
     port=$(free_port)
     start radixlm radixlm "$port" "$PY" -m radixlm.srt.launch_server --model-path "$MODEL_DIR" --port "$port" \
@@ -116,7 +123,7 @@ elif [ -x "$VLLM_PY" ] && "$VLLM_PY" -c 'import vllm' 2>/dev/null; then
     # process (on 2 cores: 1 thread); nobind leaves OMP_NUM_THREADS=$THREADS threads, unpinned, as the others
     VLLM_CPU_OMP_THREADS_BIND="${VLLM_CPU_OMP_THREADS_BIND:-nobind}" VLLM_CPU_KVCACHE_SPACE="${VLLM_KV_GB:-4}" \
         start vllm openai "$port" "$VLLM_PY" -m vllm.entrypoints.openai.api_server \
-        --model "$MODEL_DIR" --dtype float32 --enable-prefix-caching --enable-prompt-tokens-details \
+        --model "$MODEL_DIR" --dtype "$DTYPE" --enable-prefix-caching --enable-prompt-tokens-details \
         --host 127.0.0.1 --port "$port"
 else
     echo "skipped: vllm (not installed; bash $HERE/install_vllm_cpu.sh)"
@@ -156,7 +163,7 @@ if ! want hf-serve; then
 elif "$HF_PY" -c 'from transformers.utils.import_utils import is_serve_available as a; assert a()' 2>/dev/null; then
     port=$(free_port)
     start hf-serve hf-serve "$port" "$HF_PY" -m transformers.cli.transformers serve --continuous-batching \
-        --device cpu --dtype float32 --cb-num-blocks "${HF_CB_BLOCKS:-256}" --host 127.0.0.1 --port "$port" \
+        --device cpu --dtype "$DTYPE" --cb-num-blocks "${HF_CB_BLOCKS:-256}" --host 127.0.0.1 --port "$port" \
         "$MODEL_DIR"
 else
     echo "skipped: hf-serve (transformers serving extras missing; bash $HERE/install_transformers_serve.sh)"

@@ -17,7 +17,7 @@ def two_requests(ds, stories_tok):
 
 def test_hf_static_equals_engine_greedy(bench, stories_path, stories_tok, two_requests):
     outs, duration = bench.hf_static_generate(stories_path, two_requests, stories_tok, batch_size=2)
-    engine = Engine(stories_path, max_total_tokens=4096)
+    engine = Engine(stories_path, dtype="float32", max_total_tokens=4096)
     try:
         ref = engine.generate(input_ids=[stories_tok.encode(r.prompt) for r in two_requests],
                               sampling_params={"temperature": 0, "max_new_tokens": 4, "ignore_eos": True})

@@ -100,7 +100,7 @@ def test_two_nodes_equal_tp1_and_node1_exits_when_node0_stops(stories_path):
 
     prompts = STORY_PROMPTS[:8]
     sp = greedy(16, min_new_tokens=16)
-    engine = Engine(stories_path, max_total_tokens=4096)
+    engine = Engine(stories_path, dtype="float32", max_total_tokens=4096)
     expected = [o["output_ids"] for o in engine.generate(prompts, sp)]
     node0, node1 = _start_two_nodes(stories_path)
     try:

@@ -79,7 +79,7 @@ def run_tp2(stories_path, prompts, extra: dict = {}, passes: int = 1) -> dict:  
 def test_tp2_equals_tp1(stories_path):
     from radixlm.srt.engine import Engine
 
-    engine = Engine(stories_path, max_total_tokens=2048, chunked_prefill_size=16, page_size=4)
+    engine = Engine(stories_path, dtype="float32", max_total_tokens=2048, chunked_prefill_size=16, page_size=4)
     prompts = [engine.tokenizer.encode(p) for p in STORY_PROMPTS[:8]]
     expected = [o["output_ids"] for o in engine.generate(input_ids=prompts, sampling_params=SP)]
     full_params = sum(p.numel() for p in engine.worker.model_runner.model.parameters())
@@ -96,7 +96,7 @@ def test_tp2_hierarchical_cache_loads_the_same_pages_on_every_rank(stories_path,
     reader; the ranks agree on when a request may start and how many pages it loads."""
     from radixlm.srt.engine import Engine
 
-    engine = Engine(stories_path, max_total_tokens=2048, chunked_prefill_size=16, page_size=4)
+    engine = Engine(stories_path, dtype="float32", max_total_tokens=2048, chunked_prefill_size=16, page_size=4)
     prompts = [engine.tokenizer.encode(p) for p in STORY_PROMPTS[:6]]
     expected = [o["output_ids"] for o in engine.generate(input_ids=prompts, sampling_params=SP)]
     extra = {"enable_hierarchical_cache": True, "hicache_storage_backend": "file", "hicache_storage_dir": str(tmp_path)}

@@ -54,7 +54,7 @@ def test_random_weights_match_hf(random_model):
     g = torch.Generator().manual_seed(7)
     prompts = [torch.randint(3, 512, (n,), generator=g).tolist() for n in (1, 3, 7, 12, 20, 33, 50, 64)]
     expected = hf_greedy(random_model, tuple(map(tuple, prompts)), MAX_NEW)
-    engine = Engine(random_model, max_total_tokens=2048, chunked_prefill_size=16, page_size=4)
+    engine = Engine(random_model, dtype="float32", max_total_tokens=2048, chunked_prefill_size=16, page_size=4)
     sp = {"temperature": 0, "max_new_tokens": MAX_NEW, "min_new_tokens": MAX_NEW}
     outs = engine.generate(input_ids=prompts, sampling_params=sp)
     assert [o["output_ids"] for o in outs] == expected

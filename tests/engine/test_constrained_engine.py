@@ -21,7 +21,7 @@ SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength
 
 @pytest.fixture(scope="module", params=["xgrammar", "outlines"])
 def engine(request, stories_path):
-    return Engine(stories_path, max_total_tokens=4096, grammar_backend=request.param, chunked_prefill_size=8)
+    return Engine(stories_path, dtype="float32", max_total_tokens=4096, grammar_backend=request.param, chunked_prefill_size=8)
 
 
 def test_json_schema_greedy_and_sampled(engine):

@@ -20,7 +20,7 @@ GREEDY = {"temperature": 0, "max_new_tokens": 8}
 
 @pytest.fixture(scope="module")
 def engine(stories_path):
-    return Engine(stories_path, max_total_tokens=4096)
+    return Engine(stories_path, dtype="float32", max_total_tokens=4096)
 
 
 @pytest.fixture(autouse=True)

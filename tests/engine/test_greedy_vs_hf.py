@@ -67,7 +67,7 @@ VARIANTS = {
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_batch_equals_hf(stories_path, prompts_ids, expected, variant):
-    engine = Engine(stories_path, max_total_tokens=8192, **VARIANTS[variant])
+    engine = Engine(stories_path, dtype="float32", max_total_tokens=8192, **VARIANTS[variant])
     outs = engine.generate(input_ids=prompts_ids, sampling_params=SP)
     assert [o["output_ids"] for o in outs] == expected
     assert all(o["meta_info"]["finish_reason"] == {"type": "length", "length": MAX_NEW} for o in outs)
@@ -88,7 +88,7 @@ def test_batch_equals_hf(stories_path, prompts_ids, expected, variant):
 
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_one_at_a_time_equals_hf(stories_path, prompts_ids, expected, page_size):
-    engine = Engine(stories_path, max_total_tokens=4096, page_size=page_size, chunked_prefill_size=64)
+    engine = Engine(stories_path, dtype="float32", max_total_tokens=4096, page_size=page_size, chunked_prefill_size=64)
     for ids, exp in zip(prompts_ids, expected):
         assert engine.generate(input_ids=ids, sampling_params=SP)["output_ids"] == exp
     assert_clean(engine)
@@ -99,7 +99,7 @@ def test_one_at_a_time_equals_hf(stories_path, prompts_ids, expected, page_size)
 def test_retraction_keeps_tokens_exact(stories_path, prompts_ids, expected, page_size, chunk, spec, pool):
     # 18 prompts of 2..40 tokens + 24 new tokens each need ~800 slots; 320 forces retraction (200
     # with speculation, whose requests finish in fewer steps and hold their pages for less long).
-    engine = Engine(stories_path, max_total_tokens=pool, page_size=page_size, chunked_prefill_size=chunk,
+    engine = Engine(stories_path, dtype="float32", max_total_tokens=pool, page_size=page_size, chunked_prefill_size=chunk,
                     speculative_algorithm=spec)
     outs = engine.generate(input_ids=prompts_ids, sampling_params=SP)
     assert [o["output_ids"] for o in outs] == expected
@@ -110,7 +110,7 @@ def test_retraction_keeps_tokens_exact(stories_path, prompts_ids, expected, page
 
 
 def test_string_prompt_matches_hf_text(stories_path):
-    engine = Engine(stories_path, max_total_tokens=2048)
+    engine = Engine(stories_path, dtype="float32", max_total_tokens=2048)
     out = engine.generate("Once upon a time", {"temperature": 0, "max_new_tokens": 20})
     assert out["text"] == ", there was a little girl named Lily. She loved to play outsid"  # 20 tokens end mid-word
     assert out["meta_info"]["prompt_tokens"] == 5

@@ -136,7 +136,7 @@ def engine(request, one_thread) -> Engine:
         path = resolve_model_path(None)
     except ModelLoadError as e:
         pytest.fail(f"demo model unavailable: {e}")
-    return Engine(path, max_total_tokens=8192, grammar_backend=request.param)
+    return Engine(path, dtype="float32", max_total_tokens=8192, grammar_backend=request.param)
 
 
 def _problem(out: dict[str, Any], schema: Optional[dict[str, Any]]) -> Optional[str]:

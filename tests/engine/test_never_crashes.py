@@ -60,7 +60,7 @@ def _drive(sched: Scheduler, arrivals: dict[int, list[TokenizedGenerateReq]], ab
 @pytest.fixture(scope="module", params=[(1, 16), (16, 32), (4, -1)], ids=["page1_chunk16", "page16_chunk32", "page4_nochunk"])
 def engine(request, stories_path):
     page, chunk = request.param
-    return Engine(stories_path, max_total_tokens=POOL, page_size=page, chunked_prefill_size=chunk,
+    return Engine(stories_path, dtype="float32", max_total_tokens=POOL, page_size=page, chunked_prefill_size=chunk,
                   max_running_requests=8, schedule_conservativeness=0.3)
 
 

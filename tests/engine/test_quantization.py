@@ -51,14 +51,14 @@ def story_texts(engine: Engine) -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def stories_reference(stories_path):
-    engine = Engine(stories_path, max_total_tokens=4096, chunked_prefill_size=CHUNK)
+    engine = Engine(stories_path, dtype="float32", max_total_tokens=4096, chunked_prefill_size=CHUNK)
     texts = story_texts(engine)
     return texts, teacher_forced_top1(engine, texts)
 
 
 def test_int8_agrees_with_fp32_on_stories(stories_path, stories_reference):
     texts, reference = stories_reference
-    engine = Engine(stories_path, max_total_tokens=4096, chunked_prefill_size=CHUNK, quantization="int8")
+    engine = Engine(stories_path, dtype="float32", max_total_tokens=4096, chunked_prefill_size=CHUNK, quantization="int8")
     state = engine.get_server_info()["internal_state"]
     assert state["quantization"] == "int8"
     assert state["quantized_layers"] == {"int8": 16, "dense": 5}  # down_proj: in_features 172
@@ -75,7 +75,7 @@ def stories_q4_gguf(tmp_path_factory) -> Path:
 
 
 def test_gguf_blocks_agree_with_the_dequantized_model(stories_q4_gguf, tmp_path):
-    kw = dict(max_total_tokens=4096, chunked_prefill_size=CHUNK, cache_dir=str(tmp_path))
+    kw = dict(dtype="float32", max_total_tokens=4096, chunked_prefill_size=CHUNK, cache_dir=str(tmp_path))
     ref = Engine(str(stories_q4_gguf), quantization="none", **kw)
     assert ref.get_server_info()["internal_state"]["quantization"] == "none"
     texts = story_texts(ref)
@@ -113,9 +113,9 @@ def test_resolution_of_the_default_and_bad_values(stories_path, stories_q4_gguf,
     with pytest.raises(ValueError, match="CPU only"):
         resolve_quantization("int8", stories_path, torch.device("cuda"))
     with pytest.raises(ServerArgsError, match="--quantization must be one of none, int8, gguf"):
-        Engine(stories_path, quantization="fp4")
+        Engine(stories_path, dtype="float32", quantization="fp4")
     with pytest.raises(ValueError, match="is not a .gguf file"):
-        Engine(stories_path, quantization="gguf", max_total_tokens=256)
+        Engine(stories_path, dtype="float32", quantization="gguf", max_total_tokens=256)
 
 
 def _demo_text_ids(engine: Engine, limit: int = 384) -> list[list[int]]:
@@ -138,13 +138,13 @@ def test_demo_model_q4_1_agrees_with_the_dequantized_model():
         find_demo_model()
     except ModelLoadError as e:
         pytest.skip(str(e))
-    quant = Engine(None, max_total_tokens=2048, chunked_prefill_size=CHUNK)  # the demo default: Q4_1 kept
+    quant = Engine(None, dtype="float32", max_total_tokens=2048, chunked_prefill_size=CHUNK)  # the demo default: Q4_1 kept
     state = quant.get_server_info()["internal_state"]
     assert state["quantization"] == "gguf"
     assert state["quantized_layers"] == {"q4_1": 120, "q8_0": 1}  # 30 x (qkv, o, gate_up, down); the LM head
     texts = _demo_text_ids(quant)
     got = teacher_forced_top1(quant, texts)
-    ref = Engine(None, max_total_tokens=2048, chunked_prefill_size=CHUNK, quantization="none")
+    ref = Engine(None, dtype="float32", max_total_tokens=2048, chunked_prefill_size=CHUNK, quantization="none")
     reference = teacher_forced_top1(ref, texts)
     score = agreement(got, reference)
     print(f"Q4_1 blocks vs dequantized fp32, SmolLM2-135M: {score:.1%} of {len(reference)} agree")

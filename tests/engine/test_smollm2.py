@@ -21,7 +21,7 @@ def smollm2_path():
 
 
 def test_smollm2_greedy_equals_hf(smollm2_path):
-    engine = Engine(smollm2_path, max_total_tokens=2048, chunked_prefill_size=16, page_size=4)
+    engine = Engine(smollm2_path, dtype="float32", max_total_tokens=2048, chunked_prefill_size=16, page_size=4)
     tok = engine.tokenizer
     chat = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
                                    tokenize=False, add_generation_prompt=True)

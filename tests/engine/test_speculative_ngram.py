@@ -18,12 +18,12 @@ PROMPT = STORY_PROMPTS[0]
 
 @pytest.fixture(scope="module")
 def off(stories_path):
-    return Engine(stories_path, max_total_tokens=4096, chunked_prefill_size=16)
+    return Engine(stories_path, dtype="float32", max_total_tokens=4096, chunked_prefill_size=16)
 
 
 @pytest.fixture(scope="module")
 def on(stories_path):
-    return Engine(stories_path, max_total_tokens=4096, chunked_prefill_size=16, speculative_algorithm="NGRAM")
+    return Engine(stories_path, dtype="float32", max_total_tokens=4096, chunked_prefill_size=16, speculative_algorithm="NGRAM")
 
 
 def _same(a: dict, b: dict) -> None:
@@ -150,7 +150,7 @@ def test_mixed_batch_equals_decoding_without_speculation(on, off):
 
 
 def test_small_draft_length_and_windows(stories_path, off):
-    eng = Engine(stories_path, max_total_tokens=2048, page_size=16, speculative_algorithm="ngram",
+    eng = Engine(stories_path, dtype="float32", max_total_tokens=2048, page_size=16, speculative_algorithm="ngram",
                  speculative_num_draft_tokens=2, speculative_ngram_min_match_window_size=2,
                  speculative_ngram_max_match_window_size=3)
     sp = {"temperature": 0, "max_new_tokens": 40, "ignore_eos": True}

@@ -16,7 +16,7 @@ GREEDY = {"temperature": 0, "max_new_tokens": 12}
 
 @pytest.fixture(scope="module", params=[1, 16], ids=["page1", "page16"])
 def engine(request, stories_path):
-    return Engine(stories_path, max_total_tokens=2048, page_size=request.param)
+    return Engine(stories_path, dtype="float32", max_total_tokens=2048, page_size=request.param)
 
 
 @pytest.fixture(scope="module")

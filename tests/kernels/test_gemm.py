@@ -78,7 +78,7 @@ def test_model_runner_prepacks_every_linear(stories_path):
     from radixlm.srt.engine import Engine
     from radixlm.srt.layers.linear import ColumnParallelLinear, ParallelLMHead, RowParallelLinear
 
-    engine = Engine(stories_path, max_total_tokens=512, gemm_backend="onednn")
+    engine = Engine(stories_path, dtype="float32", max_total_tokens=512, gemm_backend="onednn")
     runner = engine.worker.model_runner
     assert runner.gemm_backend.name == "onednn"
     linears = [m for m in runner.model.modules()
@@ -86,7 +86,7 @@ def test_model_runner_prepacks_every_linear(stories_path):
     assert len(linears) == 4 * runner.model_config.num_hidden_layers + 1
     assert all(m.weight.is_mkldnn and m.gemm is runner.gemm_backend for m in linears)
     assert not runner.model.embed_tokens.weight.is_mkldnn  # the embedding lookup keeps its dense table
-    reference = Engine(stories_path, max_total_tokens=512, gemm_backend="torch_native")
+    reference = Engine(stories_path, dtype="float32", max_total_tokens=512, gemm_backend="torch_native")
     assert not any(m.weight.is_mkldnn for m in reference.worker.model_runner.model.modules()
                    if isinstance(m, (ColumnParallelLinear, RowParallelLinear, ParallelLMHead)))
 
@@ -175,7 +175,7 @@ def test_model_runner_packs_linears_with_the_cpu_backend(stories_path):
     from radixlm.srt.layers.linear import ColumnParallelLinear, ParallelLMHead, RowParallelLinear
 
     _cpu_gemm()
-    engine = Engine(stories_path, max_total_tokens=512, gemm_backend="cpu")
+    engine = Engine(stories_path, dtype="float32", max_total_tokens=512, gemm_backend="cpu")
     runner = engine.worker.model_runner
     linears = [m for m in runner.model.modules()
                if isinstance(m, (ColumnParallelLinear, RowParallelLinear, ParallelLMHead))]
@@ -183,7 +183,7 @@ def test_model_runner_packs_linears_with_the_cpu_backend(stories_path):
     assert len(linears) == 4 * runner.model_config.num_hidden_layers + 1 and all(m.weight.dim() == 3 for m in linears)
     assert all(m.gemm is runner.gemm_backend for m in linears)
     out = engine.generate("Once upon a time", {"temperature": 0, "max_new_tokens": 12})
-    ref = Engine(stories_path, max_total_tokens=512, gemm_backend="torch_native")
+    ref = Engine(stories_path, dtype="float32", max_total_tokens=512, gemm_backend="torch_native")
     assert out["output_ids"] == ref.generate("Once upon a time", {"temperature": 0, "max_new_tokens": 12})["output_ids"]
 
 

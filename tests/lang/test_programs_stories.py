@@ -169,7 +169,7 @@ def test_server_errors_surface_in_the_state(stories):
 
 
 def test_in_process_engine_matches_the_server(stories, stories_path):
-    engine = rl.Engine(stories_path, max_total_tokens=4000)
+    engine = rl.Engine(stories_path, dtype="float32", max_total_tokens=4000)
 
     @rl.function
     def prog(s):

@@ -45,7 +45,7 @@ def _spawn(args: list[str], api_key: Optional[str] = None) -> ServerProcess:
     fd, log_path = tempfile.mkstemp(prefix="radixlm-openai-", suffix=".log")
     with os.fdopen(fd, "wb") as log:
         proc = subprocess.Popen([sys.executable, "-m", "radixlm.srt.launch_server", "--host", "127.0.0.1",
-                                 "--port", str(port), *args], stdout=log, stderr=subprocess.STDOUT,
+                                 "--port", str(port), *args, *([] if "--dtype" in args else ["--dtype", "float32"])], stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL)
     return ServerProcess(proc, port, log_path, api_key)
 

@@ -93,6 +93,8 @@ class ServerProcess:
         port = free_port()
         host_args = ["--host", host] if host is not None else []
         command = command or [sys.executable, "-m", "radixlm.srt.launch_server"]
+        if "--dtype" not in args:  # the fp32 oracle: tests compare with transformers and fp32 engines
+            args = [*args, "--dtype", "float32"]
         fd, log_path = tempfile.mkstemp(prefix="radixlm-server-", suffix=".log")
         with os.fdopen(fd, "wb") as log:
             proc = subprocess.Popen([*command, *host_args, "--port", str(port), *args],

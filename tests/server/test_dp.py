@@ -38,7 +38,7 @@ def http(dp_server):
 
 @pytest.fixture(scope="module")
 def engine(stories_path):
-    return Engine(stories_path, max_total_tokens=4096)
+    return Engine(stories_path, dtype="float32", max_total_tokens=4096)
 
 
 def _states(http: httpx.Client) -> list[dict]:
@@ -167,7 +167,7 @@ def test_abort_flush_and_idle_invariant_across_replicas(http, dp_server):
 
 def test_engine_refuses_dp_and_flags_are_checked():
     with pytest.raises(ServerArgsError, match="need the server"):
-        Engine(None, dp_size=2)
+        Engine(None, dtype="float32", dp_size=2)
     for bad in ({"dp_size": 0}, {"load_balance_method": "random"}, {"router_cache_threshold": 1.5},
                 {"router_balance_rel_threshold": 0.5}, {"router_max_tree_size": 0}):
         with pytest.raises(ServerArgsError):

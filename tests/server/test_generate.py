@@ -15,7 +15,7 @@ from .helpers import assert_pool_free_after_flush, greedy, sse_events
 
 @pytest.fixture(scope="module")
 def engine(stories_path):
-    return Engine(stories_path, max_total_tokens=8192)
+    return Engine(stories_path, dtype="float32", max_total_tokens=8192)
 
 
 def _strip(result: dict) -> tuple:

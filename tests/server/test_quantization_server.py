@@ -31,10 +31,10 @@ def cache_dir(tmp_path_factory) -> str:
 def test_quantized_server_matches_the_engine(launch, stories_path, q4_gguf, cache_dir, setting):
     if setting == "int8":
         model, flags, layers = stories_path, ["--quantization", "int8"], {"int8": 16, "dense": 5}
-        engine = Engine(stories_path, max_total_tokens=4096, quantization="int8")
+        engine = Engine(stories_path, dtype="float32", max_total_tokens=4096, quantization="int8")
     else:
         model, flags, layers = q4_gguf, ["--cache-dir", cache_dir], STORIES_QUANT_LAYERS
-        engine = Engine(q4_gguf, max_total_tokens=4096, cache_dir=cache_dir)
+        engine = Engine(q4_gguf, dtype="float32", max_total_tokens=4096, cache_dir=cache_dir)
     server = launch(["--model-path", model, *BASE_ARGS, *flags])
     with server.client() as http:
         info = http.get("/get_server_info").json()

@@ -15,7 +15,7 @@ from .helpers import BASE_ARGS, greedy, sse_events, wait_idle
 
 @pytest.fixture(scope="module")
 def engine(stories_path):
-    return Engine(stories_path, max_total_tokens=8192)
+    return Engine(stories_path, dtype="float32", max_total_tokens=8192)
 
 
 @pytest.fixture(scope="module")

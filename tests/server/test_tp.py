@@ -38,7 +38,7 @@ def test_tp2_server_equals_engine(launch, stories_path, qwen2_path, which):
     path = stories_path if which == "stories" else qwen2_path
     prompts = STORY_PROMPTS[:10]
     sp = greedy(16, min_new_tokens=16)
-    engine = Engine(path, max_total_tokens=4096)
+    engine = Engine(path, dtype="float32", max_total_tokens=4096)
     expected = [o["output_ids"] for o in engine.generate(prompts, sp)]
     server = launch(["--model-path", path, "--tp-size", "2", *BASE_ARGS])
     with server.client() as http:

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from radixlm.srt import model_loader
+from radixlm.srt.cpu_runtime import cpu_info, prefers_bf16
 from radixlm.srt.model_config import ModelConfig
 from radixlm.srt.model_loader import (
     ModelLoadError,
@@ -25,6 +26,8 @@ from radixlm.srt.model_loader import (
 )
 
 from tests.conftest import STORIES_GGUF, STORIES_HF
+
+AUTO_DTYPE = torch.bfloat16 if prefers_bf16(cpu_info()) else torch.float32
 
 STORIES_SHA16 = "270cba1bd5109f42"
 PROMPT = "Once upon a time there was"
@@ -67,7 +70,7 @@ def test_hf_folder_model_config_fields():
     assert cfg.rms_norm_eps == pytest.approx(1e-5)
     assert cfg.tie_word_embeddings is False
     assert cfg.eos_token_ids == (2,)
-    assert cfg.dtype == torch.float32
+    assert cfg.dtype == AUTO_DTYPE  # --dtype auto: bf16 where the CPU has bf16 units
     assert cfg.hf_config.rope_parameters["rope_theta"] == 10000.0
 
 
@@ -80,7 +83,7 @@ def test_model_config_dtype_and_context_overrides(tmp_path: Path):
     shutil.copytree(STORIES_HF, folder)
     text = (folder / "config.json").read_text().replace('"dtype": "float32"', '"dtype": "bfloat16"')
     (folder / "config.json").write_text(text)
-    assert ModelConfig.from_path(str(folder)).dtype == torch.float32
+    assert ModelConfig.from_path(str(folder)).dtype == AUTO_DTYPE
     assert ModelConfig.from_path(str(folder), device="cuda").dtype == torch.bfloat16
     with pytest.raises(ValueError, match="unknown dtype"):
         ModelConfig.from_path(str(STORIES_HF), dtype="int8")
