@@ -7,7 +7,8 @@ the layer's weight into the packed uint8 rows of ``formats.py`` — quantizing t
 - M (rows of x) up to ``SMALL_M``: ``torch.ops.radixlm_cpu.quant_linear``, which streams each weight
   block once for all M rows, unpacking it in registers (see ``cpu/quant_gemm.cpp``). This is decode,
   where reading the weights is the cost. By default the weights are unpacked to fp32 in registers and
-  dotted with fp32 x (exact up to fp32 rounding). With ``int8_activations`` x is quantized to 8 bits
+  dotted with fp32 x (exact up to fp32 rounding); with AVX-512 the GGUF formats run 16 lanes wide,
+  a 4-bit block as two lookups in a 16-entry table of its dequantized values (``quant_rows_avx512.h``). With ``int8_activations`` x is quantized to 8 bits
   per block of 32 and the block dot products are integer (llama.cpp's scheme): ~1.4x faster for a
   4-bit linear on one AVX2 core, but on the demo model's chat prompt the rounding of its outlier
   activations changed the answer ("The capital of France is Paris." became unrelated text), so

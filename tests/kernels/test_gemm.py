@@ -203,3 +203,43 @@ def test_cpu_linear_bf16_rounds_an_fp32_chain_once_and_is_batch_invariant():
     for lo, hi in ((0, 1), (4, 11), (28, 29)):
         assert torch.equal(gemm.linear(x[lo:hi], packed, b), y[lo:hi])
 
+
+
+def _cpu_has_bf16_dot() -> bool:
+    from radixlm.srt.cpu_runtime import cpu_info
+
+    return torch.backends.cpu.get_cpu_capability().startswith("AVX512") and "avx512_bf16" in cpu_info().flags
+
+
+def test_cpu_linear_bf16_pair_panels_where_the_cpu_has_avx512_bf16():
+    """With AVX512-BF16 a bf16 weight is packed in pairs of k (bf16_dot.h) and multiplied with
+    vdpbf16ps; elsewhere it keeps the k-major panels. Either way: one fp32 chain per output rounded
+    once, and bitwise the same rows whatever the batch, across the 12-row tiles' boundaries."""
+    gemm = _cpu_gemm()
+    g = torch.Generator().manual_seed(5)
+    n, k = 64, 576
+    w, b = torch.randn(n, k, generator=g).bfloat16(), torch.randn(n, generator=g).bfloat16()
+    packed = gemm.prepare(w)
+    plain = w.view(n // 16, 16, k).transpose(1, 2).contiguous()
+    pairs = w.view(n // 16, 16, k // 2, 2).permute(0, 2, 1, 3).contiguous().view(n // 16, k, 16)
+    assert torch.equal(packed, pairs if _cpu_has_bf16_dot() else plain)
+    x = torch.randn(131, k, generator=g).bfloat16()
+    full = gemm.linear(x, packed, b)
+    exact = F.linear(x.double(), w.double()) + b.double()
+    assert ((full.double() - exact).abs() <= exact.abs() * 2 ** -8 + 1e-2).all()
+    for lo, hi in ((0, 1), (0, 11), (0, 12), (0, 13), (11, 36), (95, 131), (40, 41)):
+        assert torch.equal(gemm.linear(x[lo:hi], packed, b), full[lo:hi]), (lo, hi)
+
+
+@pytest.mark.parametrize("rows", [11, 12, 13, 24, 25])
+def test_cpu_linear_fp32_tile_boundaries_are_batch_invariant(rows):
+    """The 512-bit tiles (up to 12 rows) and the 256-bit ones (up to 6) run the same FMA chains."""
+    gemm = _cpu_gemm()
+    g = torch.Generator().manual_seed(rows)
+    w = torch.randn(48, 96, generator=g)
+    packed = gemm.prepare(w)
+    x = torch.randn(rows, 96, generator=g)
+    y = gemm.linear(x, packed)
+    assert all(torch.equal(gemm.linear(x[i:i + 1], packed), y[i:i + 1]) for i in range(rows))
+    ref = F.linear(x.double(), w.double())
+    assert (y.double() - ref).abs().max().item() <= 4 * max((F.linear(x, w).double() - ref).abs().max().item(), 1e-6)

@@ -8,9 +8,11 @@
 //
 // bf16: weights and activations are widened to fp32 exactly (a bf16 is the top half of an fp32),
 // the chains accumulate in fp32 and the result is rounded to bf16 once (round-to-nearest-even, as
-// torch rounds), after the bias add in fp32.
+// torch rounds), after the bias add in fp32. On CPUs with AVX512-BF16 the weight is packed in pair
+// panels instead and multiplied with vdpbf16ps (bf16_dot.h): the same rounding, twice the rate.
 //
-// The microkernel keeps a tile of R (<= 6) rows x 16 columns in 12 AVX2 registers (8-wide panels: 6;
+// The microkernel keeps a tile of R (<= 6) rows x 16 columns in 12 AVX2 registers (AVX-512: R <= 12
+// rows in 12 zmm registers, the same chains; 8-wide panels: 6;
 // narrower ones run the same chains in scalar code) and runs the K
 // loop as FMAs of a broadcast x[m, k] with the panel's two vectors for k. Each output element is
 // one FMA chain over k = 0 .. K-1 in order, whatever M, the tile a row falls in or the thread that
@@ -25,6 +27,7 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "bf16_dot.h"
 #include "microkernel.h"
 
 namespace {
@@ -38,11 +41,25 @@ void linear_impl(const at::Tensor& xc, const at::Tensor& w, const T* bp, at::Ten
   const T* wp = w.data_ptr<T>();
   T* yp = y.data_ptr<T>();
   const int64_t ldx = xc.stride(0);
+  bool pairs = false;
+#ifdef CPU_CAPABILITY_AVX512
+  if constexpr (std::is_same_v<T, at::BFloat16>) pairs = use_bf16_pairs(K, pw);
+#endif
   for (int64_t m0 = 0; m0 < M; m0 += kRowBlock) {
     const int64_t m1 = std::min(M, m0 + kRowBlock);
     at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
-      for (int64_t p = p0; p < p1; ++p)
-        panel_rows<T>(xp, ldx, m0, m1, wp + p * K * pw, pw, K, yp + p * pw, N, bp != nullptr ? bp + p * pw : nullptr);
+      for (int64_t p = p0; p < p1; ++p) {
+        const T* b = bp != nullptr ? bp + p * pw : nullptr;
+#ifdef CPU_CAPABILITY_AVX512
+        if constexpr (std::is_same_v<T, at::BFloat16>) {
+          if (pairs) {
+            bf16_pair_panel_rows(xp, ldx, m0, m1, wp + p * K * pw, K, yp + p * pw, N, b);
+            continue;
+          }
+        }
+#endif
+        panel_rows<T>(xp, ldx, m0, m1, wp + p * K * pw, pw, K, yp + p * pw, N, b);
+      }
     });
   }
 }
@@ -51,6 +68,10 @@ at::Tensor pack_linear_weight(const at::Tensor& w) {
   TORCH_CHECK(w.dim() == 2 && (w.scalar_type() == at::kFloat || w.scalar_type() == at::kBFloat16),
               "pack_linear_weight: expected a 2-D float32 or bfloat16 weight");
   const int64_t N = w.size(0), K = w.size(1), pw = panel_width(N);
+  if (w.scalar_type() == at::kBFloat16 && use_bf16_pairs(K, pw)) {
+    // (N, K) -> (N/16, 16, K/2, 2) -> (N/16, K/2, 16, 2), viewed as (N/16, K, 16): bf16_dot.h's pair panels
+    return w.contiguous().view({N / pw, pw, K / 2, 2}).permute({0, 2, 1, 3}).contiguous().view({N / pw, K, pw});
+  }
   // (N, K) -> (N/pw, pw, K) -> (N/pw, K, pw)
   return w.contiguous().view({N / pw, pw, K}).transpose(1, 2).contiguous();
 }

@@ -3,8 +3,9 @@
 // quantized-weight linear that unpacks a panel at a time (quant/cpu/quant_gemm.cpp).
 //
 // A panel is PW (16, or 8, 4, 2, 1) output columns of a weight, k-major: panel[k * PW + j] = w[j, k].
-// `tile(rows, x, ldx, panel, pw, K, y, ldy, bias)` computes rows (<= 6) rows of y = x W^T (+ bias)
-// for the panel's columns: R x 16 accumulators in 12 AVX2 registers (8-wide panels: 6; narrower
+// `tile(rows, x, ldx, panel, pw, K, y, ldy, bias)` computes rows (<= kTileRows) rows of y = x W^T (+ bias)
+// for the panel's columns: R x 16 accumulators in 12 AVX2 registers (with AVX-512: R <= 12 rows in
+// 12 zmm registers; 8-wide panels: 6; narrower
 // ones the same chains in scalar code), each output one FMA chain over k = 0 .. K-1 in order, the
 // bias added after the chain. Where a row sits (tile, batch, thread) never changes its result.
 #pragma once
@@ -22,7 +23,11 @@
 
 namespace radixlm_gemm {
 
-constexpr int64_t kTileRows = 6;  // rows per microkernel tile
+#ifdef CPU_CAPABILITY_AVX512
+constexpr int64_t kTileRows = 12;  // rows per microkernel tile: 12 zmm accumulators of a 16-wide panel
+#else
+constexpr int64_t kTileRows = 6;  // rows per microkernel tile: 12 ymm accumulators (6 rows x 2 halves)
+#endif
 constexpr int64_t kRowBlock = 96;  // rows of x per pass over the panels
 
 inline float widen(float v) { return v; }
@@ -91,9 +96,44 @@ inline void micro_tile(const T* x, int64_t ldx, const T* panel, int64_t K, T* y,
 }
 #endif
 
+#ifdef CPU_CAPABILITY_AVX512
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const at::BFloat16* p) {  // 16 bf16 -> 16 fp32 (exact)
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+// R rows x a 16-wide panel in R zmm registers: the same FMA chains as micro_tile (x[m, k] * w + acc
+// for k in order), so results are bitwise those of the 256-bit and scalar tiles.
+template <int R, typename T>
+inline void micro_tile16_avx512(const T* x, int64_t ldx, const T* panel, int64_t K, T* y, int64_t ldy, const T* bias) {
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; ++k) {
+    const __m512 b = load16(panel + k * 16);
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(widen(x[r * ldx + k])), b, acc[r]);
+  }
+  for (int r = 0; r < R; ++r) {
+    if constexpr (std::is_same_v<T, float>) {
+      __m512 o = acc[r];
+      if (bias != nullptr) o = _mm512_add_ps(o, _mm512_loadu_ps(bias));
+      _mm512_storeu_ps(y + r * ldy, o);
+    } else {
+      alignas(64) float tmp[16];
+      _mm512_store_ps(tmp, acc[r]);
+      store_row(y + r * ldy, tmp, bias, 16);
+    }
+  }
+}
+#endif
+
 template <int R, typename T>
 inline void tile_rows(const T* x, int64_t ldx, const T* panel, int64_t pw, int64_t K, T* y, int64_t ldy,
                       const T* bias) {
+#ifdef CPU_CAPABILITY_AVX512
+  // Under 4 rows the 256-bit tile keeps more FMA chains in flight (2 per row); same results.
+  if (pw == 16 && R >= 4) return micro_tile16_avx512<R>(x, ldx, panel, K, y, ldy, bias);
+#endif
 #ifdef RADIXLM_GEMM_AVX2
   if (pw == 16) return micro_tile<R, 2>(x, ldx, panel, K, y, ldy, bias);
   if (pw == 8) return micro_tile<R, 1>(x, ldx, panel, K, y, ldy, bias);
@@ -105,6 +145,14 @@ template <typename T>
 inline void tile(int64_t rows, const T* x, int64_t ldx, const T* panel, int64_t pw, int64_t K, T* y, int64_t ldy,
                  const T* bias) {
   switch (rows) {
+#ifdef CPU_CAPABILITY_AVX512
+    case 12: tile_rows<12>(x, ldx, panel, pw, K, y, ldy, bias); break;
+    case 11: tile_rows<11>(x, ldx, panel, pw, K, y, ldy, bias); break;
+    case 10: tile_rows<10>(x, ldx, panel, pw, K, y, ldy, bias); break;
+    case 9: tile_rows<9>(x, ldx, panel, pw, K, y, ldy, bias); break;
+    case 8: tile_rows<8>(x, ldx, panel, pw, K, y, ldy, bias); break;
+    case 7: tile_rows<7>(x, ldx, panel, pw, K, y, ldy, bias); break;
+#endif
     case 6: tile_rows<6>(x, ldx, panel, pw, K, y, ldy, bias); break;
     case 5: tile_rows<5>(x, ldx, panel, pw, K, y, ldy, bias); break;
     case 4: tile_rows<4>(x, ldx, panel, pw, K, y, ldy, bias); break;

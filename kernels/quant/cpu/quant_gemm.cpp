@@ -44,6 +44,9 @@
 
 #include "../../gemm/cpu/microkernel.h"
 #include "../../gemm/cpu/transpose.h"
+#ifdef CPU_CAPABILITY_AVX512
+#include "quant_rows_avx512.h"
+#endif
 
 namespace {
 
@@ -388,6 +391,19 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& w, int64_t fmt, i
   if (M == 0 || N == 0) return out;
   if (!int8_activations) {
     const float* xp = xc.data_ptr<float>();
+#ifdef CPU_CAPABILITY_AVX512
+    // The GGUF formats at 512-bit width (quant_rows_avx512.h); one row of Q8_0 runs faster below.
+    if (fmt == Q4_0 || fmt == Q4_1 || (fmt == Q8_0 && M > 1)) {
+      using radixlm_quant_rows::Kind;
+      using radixlm_quant_rows::quant_rows;
+      const uint8_t* wp = w.data_ptr<uint8_t>();
+      float* op = out.data_ptr<float>();
+      if (fmt == Q4_1) quant_rows<Kind::Q4_1>(wp, w.size(1), N, K, M, xp, op);
+      else if (fmt == Q4_0) quant_rows<Kind::Q4_0>(wp, w.size(1), N, K, M, xp, op);
+      else quant_rows<Kind::Q8_0>(wp, w.size(1), N, K, M, xp, op);
+      return out;
+    }
+#endif
     std::vector<float> xs(M * nb);  // sum of each block of x (the 4-bit formats' offset terms)
     for (int64_t i = 0; i < M * nb; ++i) {
       float t = 0.f;

@@ -1,0 +1,118 @@
+// The GGUF decode kernel at 512-bit width (AVX-512F): y = x W^T for a few rows of fp32 x (M <= 8)
+// over Q4_0 / Q4_1 / Q8_0 rows, each weight dequantized exactly as quant_dequantize does (Q4_1: d * q,
+// rounded, then + m; Q4_0: d * (q - 8); Q8_0: d * q) and dotted with fp32 x: the result is
+// dequantize(W) @ x up to the order of the fp32 additions (16 lanes per half block, summed at the end).
+//
+// Q8_0: a block's 32 int8 widen to two vectors of fp32, times d. 4-bit formats: a block's 16 possible weight values go into one register as a table (T[j] = d * j + m), and the
+// block's 32 nibbles become 32 table lookups: the 16 packed bytes widen to 16 dwords
+// (vpmovzxbd), whose low 4 bits index T for weights 0..15 (vpermps reads only those bits) and, shifted
+// right by 4, for weights 16..31 (ggml's nibble layout). So one block costs a widen, a shift, two
+// lookups and, per activation row, two FMAs: no int-to-float conversion, no mask, no per-block scale.
+// NR output rows run interleaved (independent FMA chains hide the FMA latency); threads
+// (at::parallel_for) split the output rows.
+#pragma once
+
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+namespace radixlm_quant_rows {
+
+enum class Kind { Q4_0, Q4_1, Q8_0 };
+
+constexpr int64_t kQK = 32;
+
+inline float half_bits_to_float(const uint8_t* p) {
+  uint16_t bits;
+  std::memcpy(&bits, p, 2);
+  return _cvtsh_ss(bits);
+}
+
+// The block's table of its 16 weight values, rounded as the reference dequantization.
+template <Kind F>
+inline __m512 block_table(const uint8_t* blk) {
+  const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512 d = _mm512_set1_ps(half_bits_to_float(blk));
+  if constexpr (F == Kind::Q4_1) {
+    return _mm512_add_ps(_mm512_mul_ps(d, iota), _mm512_set1_ps(half_bits_to_float(blk + 2)));
+  } else {
+    return _mm512_mul_ps(d, _mm512_sub_ps(iota, _mm512_set1_ps(8.f)));
+  }
+}
+
+// The block's 32 weights as fp32: wl = weights 0..15, wh = 16..31.
+template <Kind F>
+inline void block_weights(const uint8_t* blk, __m512& wl, __m512& wh) {
+  if constexpr (F == Kind::Q8_0) {
+    const __m512 d = _mm512_set1_ps(half_bits_to_float(blk));
+    const __m128i* q = reinterpret_cast<const __m128i*>(blk + 2);
+    wl = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q))));
+    wh = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q + 1))));
+  } else {
+    const __m512 t = block_table<F>(blk);
+    const __m512i e = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + (F == Kind::Q4_1 ? 4 : 2))));
+    wl = _mm512_permutexvar_ps(e, t);
+    wh = _mm512_permutexvar_ps(_mm512_srli_epi32(e, 4), t);
+  }
+}
+
+constexpr int64_t block_bytes(Kind f) { return f == Kind::Q4_1 ? 20 : f == Kind::Q4_0 ? 18 : 34; }
+
+// NR consecutive output rows (weight rows row0, row0 + rb, ...) for MB activation rows of x (ldx = K).
+template <Kind F, int NR, int MB>
+inline void rows_tile(const uint8_t* row0, int64_t rb, int64_t nb, const float* x, int64_t K, float* out,
+                      int64_t ldo) {
+  constexpr int64_t kBlockBytes = block_bytes(F);
+  __m512 lo[NR][MB], hi[NR][MB];
+  for (int r = 0; r < NR; ++r)
+    for (int j = 0; j < MB; ++j) lo[r][j] = hi[r][j] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    __m512 xl[MB], xh[MB];
+    for (int j = 0; j < MB; ++j) {
+      xl[j] = _mm512_loadu_ps(x + j * K + b * kQK);
+      xh[j] = _mm512_loadu_ps(x + j * K + b * kQK + 16);
+    }
+    for (int r = 0; r < NR; ++r) {
+      __m512 wl, wh;
+      block_weights<F>(row0 + r * rb + b * kBlockBytes, wl, wh);
+      for (int j = 0; j < MB; ++j) {
+        lo[r][j] = _mm512_fmadd_ps(wl, xl[j], lo[r][j]);
+        hi[r][j] = _mm512_fmadd_ps(wh, xh[j], hi[r][j]);
+      }
+    }
+  }
+  for (int r = 0; r < NR; ++r)
+    for (int j = 0; j < MB; ++j) out[j * ldo + r] = _mm512_reduce_add_ps(_mm512_add_ps(lo[r][j], hi[r][j]));
+}
+
+// All N output rows for MB activation rows.
+template <Kind F, int MB>
+inline void rows_mb(const uint8_t* w, int64_t rb, int64_t N, int64_t nb, const float* x, int64_t K, float* out,
+                    int64_t ldo) {
+  constexpr int NR = MB <= 2 ? 4 : 2;
+  const int64_t groups = N / NR;
+  const int64_t grain = std::max<int64_t>(1, 2048 / (nb * NR * MB));
+  at::parallel_for(0, groups, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t g = begin; g < end; ++g) rows_tile<F, NR, MB>(w + g * NR * rb, rb, nb, x, K, out + g * NR, ldo);
+  });
+  for (int64_t n = groups * NR; n < N; ++n) rows_tile<F, 1, MB>(w + n * rb, rb, nb, x, K, out + n, ldo);
+}
+
+// y (M, N) = x (M, K) W^T; M rows in passes of up to 4.
+template <Kind F>
+void quant_rows(const uint8_t* w, int64_t rb, int64_t N, int64_t K, int64_t M, const float* x, float* out) {
+  const int64_t nb = K / kQK;
+  int64_t m = 0;
+  for (; m + 4 <= M; m += 4) rows_mb<F, 4>(w, rb, N, nb, x + m * K, K, out + m * N, N);
+  switch (M - m) {
+    case 3: rows_mb<F, 3>(w, rb, N, nb, x + m * K, K, out + m * N, N); break;
+    case 2: rows_mb<F, 2>(w, rb, N, nb, x + m * K, K, out + m * N, N); break;
+    case 1: rows_mb<F, 1>(w, rb, N, nb, x + m * K, K, out + m * N, N); break;
+    default: break;
+  }
+}
+
+}  // namespace radixlm_quant_rows
