@@ -30,6 +30,20 @@ inline float to_f(T x) { return static_cast<float>(x); }
 template <typename T>
 inline float round_to(float x) { return static_cast<float>(static_cast<T>(x)); }
 
+// bf16 / fp16 rows, vectorized: a Vectorized<T> holds two fp32 vectors' worth; conversions widen
+// exactly and round to nearest even, as the scalar static_casts do.
+template <typename T>
+using HVec = at::vec::Vectorized<T>;
+
+template <typename T>
+inline std::tuple<Vec, Vec> load_wide(const T* p) { return at::vec::convert_to_float<T>(HVec<T>::loadu(p)); }
+
+// Rounds two fp32 vectors to T and back (round_to, 2 x Vec::size() lanes).
+template <typename T>
+inline std::tuple<Vec, Vec> round_wide(const Vec& a, const Vec& b) {
+  return at::vec::convert_to_float<T>(at::vec::convert_from_float<T>(a, b));
+}
+
 template <typename T>
 void add_rms_norm_impl(at::Tensor& h, const at::Tensor& delta, const at::Tensor& w, double eps, at::Tensor& out) {
   const int64_t rows = h.size(0), n = h.size(1);
@@ -48,7 +62,13 @@ void add_rms_norm_impl(at::Tensor& h, const at::Tensor& delta, const at::Tensor&
           for (; i + Vec::size() <= n; i += Vec::size()) (Vec::loadu(x + i) + Vec::loadu(d + i)).store(x + i);
           for (; i < n; ++i) x[i] = x[i] + d[i];
         } else {
-          for (int64_t i = 0; i < n; ++i) x[i] = static_cast<T>(to_f(x[i]) + to_f(d[i]));
+          int64_t i = 0;
+          for (; i + HVec<T>::size() <= n; i += HVec<T>::size()) {
+            auto [xa, xb] = load_wide(x + i);
+            auto [da, db] = load_wide(d + i);
+            at::vec::convert_from_float<T>(xa + da, xb + db).store(x + i);
+          }
+          for (; i < n; ++i) x[i] = static_cast<T>(to_f(x[i]) + to_f(d[i]));
         }
       }
       float ss = 0.f;
@@ -58,6 +78,13 @@ void add_rms_norm_impl(at::Tensor& h, const at::Tensor& delta, const at::Tensor&
         for (; i + Vec::size() <= n; i += Vec::size()) {
           const Vec v = Vec::loadu(x + i);
           acc = at::vec::fmadd(v, v, acc);
+        }
+        ss = at::vec::vec_reduce_all<float>([](const Vec& a, const Vec& b) { return a + b; }, acc);
+      } else {
+        Vec acc(0.f);
+        for (; i + HVec<T>::size() <= n; i += HVec<T>::size()) {
+          auto [va, vb] = load_wide(x + i);
+          acc = at::vec::fmadd(vb, vb, at::vec::fmadd(va, va, acc));
         }
         ss = at::vec::vec_reduce_all<float>([](const Vec& a, const Vec& b) { return a + b; }, acc);
       }
@@ -73,7 +100,15 @@ void add_rms_norm_impl(at::Tensor& h, const at::Tensor& delta, const at::Tensor&
         for (; j < n; ++j) o[j] = wp[j] * (x[j] * inv);
       } else {
         // torch: (x.float() * inv).to(T), then w * that in T
-        for (int64_t j = 0; j < n; ++j) o[j] = static_cast<T>(to_f(wp[j]) * round_to<T>(to_f(x[j]) * inv));
+        const Vec vinv(inv);
+        int64_t j = 0;
+        for (; j + HVec<T>::size() <= n; j += HVec<T>::size()) {
+          auto [xa, xb] = load_wide(x + j);
+          auto [wa, wb] = load_wide(wp + j);
+          auto [ya, yb] = round_wide<T>(xa * vinv, xb * vinv);
+          at::vec::convert_from_float<T>(wa * ya, wb * yb).store(o + j);
+        }
+        for (; j < n; ++j) o[j] = static_cast<T>(to_f(wp[j]) * round_to<T>(to_f(x[j]) * inv));
       }
     }
   });
@@ -115,7 +150,22 @@ inline void rope_row(const T* x, const T* c, const T* s, T* o, int64_t d) {
       o[half + i] = x[half + i] * c[half + i] + x[i] * s[half + i];
     }
   } else {
-    for (int64_t i = 0; i < half; ++i) {
+    int64_t i = 0;
+    for (; i + HVec<T>::size() <= half; i += HVec<T>::size()) {  // bf16 x bf16 products are exact in fp32
+      auto [x1a, x1b] = load_wide(x + i);
+      auto [x2a, x2b] = load_wide(x + half + i);
+      auto [c1a, c1b] = load_wide(c + i);
+      auto [c2a, c2b] = load_wide(c + half + i);
+      auto [s1a, s1b] = load_wide(s + i);
+      auto [s2a, s2b] = load_wide(s + half + i);
+      auto [pa, pb] = round_wide<T>(x1a * c1a, x1b * c1b);
+      auto [qa, qb] = round_wide<T>(x2a.neg() * s1a, x2b.neg() * s1b);
+      at::vec::convert_from_float<T>(pa + qa, pb + qb).store(o + i);
+      auto [ra, rb] = round_wide<T>(x2a * c2a, x2b * c2b);
+      auto [ta, tb] = round_wide<T>(x1a * s2a, x1b * s2b);
+      at::vec::convert_from_float<T>(ra + ta, rb + tb).store(o + half + i);
+    }
+    for (; i < half; ++i) {
       o[i] = static_cast<T>(round_to<T>(to_f(x[i]) * to_f(c[i])) + round_to<T>(-to_f(x[half + i]) * to_f(s[i])));
       o[half + i] = static_cast<T>(round_to<T>(to_f(x[half + i]) * to_f(c[half + i])) +
                                    round_to<T>(to_f(x[i]) * to_f(s[half + i])));
@@ -185,7 +235,16 @@ void silu_and_mul_impl(const at::Tensor& x, at::Tensor& out) {
         }
         for (; i < n; ++i) o[i] = (g[i] / (1.f + std::exp(-g[i]))) * u[i];
       } else {
-        for (int64_t i = 0; i < n; ++i) {
+        // silu in fp32, rounded to T, times up in fp32, rounded to T (torch's two bf16 ops)
+        const Vec one(1.f);
+        int64_t i = 0;
+        for (; i + HVec<T>::size() <= n; i += HVec<T>::size()) {
+          auto [ga, gb] = load_wide(g + i);
+          auto [ua, ub] = load_wide(u + i);
+          auto [sa, sb] = round_wide<T>(ga / (one + ga.neg().exp()), gb / (one + gb.neg().exp()));
+          at::vec::convert_from_float<T>(sa * ua, sb * ub).store(o + i);
+        }
+        for (; i < n; ++i) {
           const float gv = to_f(g[i]);
           o[i] = static_cast<T>(round_to<T>(gv / (1.f + std::exp(-gv))) * to_f(u[i]));
         }
