@@ -64,6 +64,19 @@ inline void scale(float* y, float a, int64_t d) {
   for (; i < d; ++i) y[i] *= a;
 }
 
+// max(s[0..n)) (exact in any order; n >= 1).
+inline float block_max(const float* s, int64_t n) {
+  int64_t i = 0;
+  float m = -std::numeric_limits<float>::infinity();
+  if (n >= Vec::size()) {
+    Vec acc = Vec::loadu(s);
+    for (i = Vec::size(); i + Vec::size() <= n; i += Vec::size()) acc = at::vec::maximum(acc, Vec::loadu(s + i));
+    m = at::vec::vec_reduce_all<float>([](const Vec& x, const Vec& y) { return at::vec::maximum(x, y); }, acc);
+  }
+  for (; i < n; ++i) m = std::max(m, s[i]);
+  return m;
+}
+
 // s[0..n) = exp(s - m); returns the sum.
 inline float exp_sub_sum(float* s, float m, int64_t n) {
   const Vec vm(m);
@@ -215,6 +228,9 @@ template <int NQ>
 inline void scores_queries(const float* qv, int64_t d, const float* kT, int64_t n, float* s) {
   constexpr int64_t W = Vec::size();
   int64_t jv = 0;
+  if constexpr (NQ <= 3) {  // 4 vectors of keys: 4 * NQ independent FMA chains hide the FMA latency
+    for (; jv + 4 * W <= n; jv += 4 * W) scores_tile<NQ, 4>(qv, d, kT, jv, s);
+  }
   for (; jv + 2 * W <= n; jv += 2 * W) scores_tile<NQ, 2>(qv, d, kT, jv, s);
   for (; jv < n; jv += W) scores_tile<NQ, 1>(qv, d, kT, jv, s);  // pad keys are zeros; their scores unused
 }
@@ -223,6 +239,9 @@ template <int NQ>
 inline void accumulate_queries(float* a, int64_t d, const float* p, const float* const* vrows, int64_t n) {
   constexpr int64_t W = Vec::size();
   int64_t c = 0;
+  if constexpr (NQ <= 3) {
+    for (; c + 4 * W <= d; c += 4 * W) accumulate_tile<NQ, 4>(a, d, p, vrows, n, c);
+  }
   for (; c + 2 * W <= d; c += 2 * W) accumulate_tile<NQ, 2>(a, d, p, vrows, n, c);
   for (; c + W <= d; c += W) accumulate_tile<NQ, 1>(a, d, p, vrows, n, c);
   for (; c < d; ++c) {
@@ -251,7 +270,7 @@ inline void row_step(const float* qv, int64_t group, const float* kT, const floa
   }
   for (int64_t q = 0; q < group; ++q) {
     float* sq = s + q * BLOCK;
-    const float bmax = *std::max_element(sq, sq + n);
+    const float bmax = block_max(sq, n);
     const float mnew = std::max(m[q], bmax);
     if (m[q] != -std::numeric_limits<float>::infinity() && mnew != m[q]) {
       const float corr = std::exp(m[q] - mnew);
