@@ -5,8 +5,9 @@ input length × output length it reports prefill throughput, decode throughput a
 per-step CPU overhead of the scheduler and runner (step time minus the model's forward itself:
 batch building, KV allocation, attention metadata, sampling, result processing).
 
-It also measures this machine's fp32 matmul peak in the same run (a square ``torch.mm`` and a
-decode-shaped one) and reports the decode's model FLOP/s against it: FLOPs per token = 2 × (the
+It also measures this machine's matmul peak in the same run, in each dtype the rows ran (a square
+``torch.mm`` and a decode-shaped one; quantized rows compute in fp32, so their peak is fp32's) and
+reports the decode's model FLOP/s against the peak of the row's dtype: FLOPs per token = 2 × (the
 linear layers' and lm_head's parameters) + 4 × layers × heads × head_dim × (attended context).
 
     python benchmarks/bench_one_batch.py --model stories260k --batch-sizes 1 8 32 --input-lens 128 --output-lens 32
@@ -61,9 +62,9 @@ def run_case(engine: Engine, bs: int, in_len: int, out_len: int, seed: int) -> d
             "decode_step_ms": 1000 * dt / nsteps, "overhead_ms_per_step": 1000 * (dt - model_s) / nsteps}
 
 
-def matmul_peak_gflops(m: int, k: int, n: int, seconds: float = 1.0) -> float:
-    """fp32 GFLOP/s of ``torch.mm`` (m, k) @ (k, n), best of repeated runs over ~``seconds``."""
-    a, b = torch.randn(m, k), torch.randn(k, n)
+def matmul_peak_gflops(m: int, k: int, n: int, seconds: float = 1.0, dtype: torch.dtype = torch.float32) -> float:
+    """GFLOP/s of ``torch.mm`` (m, k) @ (k, n) in ``dtype``, best of repeated runs over ~``seconds``."""
+    a, b = torch.randn(m, k).to(dtype), torch.randn(k, n).to(dtype)
     torch.mm(a, b)
     best, end = float("inf"), time.perf_counter() + seconds
     while time.perf_counter() < end:
@@ -128,18 +129,24 @@ def main() -> None:
                     r["flops_per_token"] = decode_flops_per_token(engine, i + o / 2)
                     rows.append(r)
         del engine, runner
-    peak = matmul_peak_gflops(2048, 2048, 2048)
-    peak_decode_shape = matmul_peak_gflops(64, 576, 1536)
+    def peak_dtype(r: dict) -> str:
+        return "float32" if r["quantization"] not in ("none", None) else r["dtype"]
+
+    peaks = {dt: (matmul_peak_gflops(2048, 2048, 2048, dtype=getattr(torch, dt)),
+                  matmul_peak_gflops(64, 576, 1536, dtype=getattr(torch, dt)))
+             for dt in sorted({peak_dtype(r) for r in rows})}
     for r in rows:
         r["model_gflop_s"] = r["decode_tok_s"] * r.pop("flops_per_token") / 1e9
-        r["pct_of_peak"] = 100 * r["model_gflop_s"] / peak
-    print(f"fp32 matmul peak: {peak:.1f} GFLOP/s (2048^3), {peak_decode_shape:.1f} GFLOP/s (64x576x1536); "
-          f"torch threads {torch.get_num_threads()}")
+        r["pct_of_peak"] = 100 * r["model_gflop_s"] / peaks[peak_dtype(r)][0]
+    for dt, (peak, peak_decode_shape) in peaks.items():
+        print(f"{dt} matmul peak: {peak:.1f} GFLOP/s (2048^3), {peak_decode_shape:.1f} GFLOP/s (64x576x1536); "
+              f"torch threads {torch.get_num_threads()}")
     print_table(rows, ["attention", "gemm", "elementwise", "dtype", "quantization", "batch", "input_len", "output_len", "prefill_tok_s", "decode_tok_s", "decode_step_ms",
                        "overhead_ms_per_step", "model_gflop_s", "pct_of_peak"])
     write_json(args.output, {"benchmark": "bench_one_batch", "model": args.model, "page_size": args.page_size,
-                             "threads": torch.get_num_threads(), "matmul_peak_gflop_s": peak,
-                             "matmul_decode_shape_gflop_s": peak_decode_shape, "rows": rows})
+                             "threads": torch.get_num_threads(),
+                             "matmul_peak_gflop_s": {dt: p[0] for dt, p in peaks.items()},
+                             "matmul_decode_shape_gflop_s": {dt: p[1] for dt, p in peaks.items()}, "rows": rows})
 
 
 if __name__ == "__main__":

@@ -47,7 +47,7 @@ ALL = None  # every target but the ones only named workloads run (ONLY_NAMED)
 NO_NOCACHE = ("radixlm", "vllm", "llama-server", "hf-serve", "hf-static")
 NGRAM = ("radixlm", "radixlm-ngram")
 ONLY_NAMED = ("radixlm-ngram", "radixlm-q4")
-SWEEP_TARGETS = (*NO_NOCACHE, "radixlm-q4")  # the Q4_1-kept demo model beside fp32 in the concurrency sweep
+SWEEP_TARGETS = (*NO_NOCACHE, "radixlm-q4", "llama-server-q4")  # the Q4_1 demo GGUF in both, beside the float rows
 SWEEP = (1, 4, 16, 64)
 QUICK_SWEEP = (1, 2, 4)
 

@@ -5,13 +5,17 @@
 - ``prefers_bf16(info)``: True on CPUs with AMX-BF16 or AVX512-BF16 units, where oneDNN's bf16 GEMM
   runs several times faster than fp32 (measured 948 vs 187 GFLOP/s on a 2-core Xeon with AMX). There
   ``--dtype auto`` means bfloat16; elsewhere bf16 is emulated and slower, so it means float32.
-- ``openmp_env()``: the OpenMP settings children get. ``OMP_WAIT_POLICY=PASSIVE`` unless the user
-  set one: with GNU OpenMP's default (worker threads spin ~300k iterations at every barrier), a
-  machine whose cores are also busy with other processes made each of the hundreds of small
-  parallel regions in a decode step wait for a descheduled thread; SmolLM2 batch-1 decode on 2
-  cores with another job running went from 754 ms to 63 ms per step with PASSIVE (docs/benchmarks.md).
-  It only takes effect in a process whose OpenMP runtime has not started yet (set before torch is
-  imported), so the launcher sets it for the scheduler processes it spawns.
+- ``openmp_env()``: the OpenMP settings children get, unless the user set ``OMP_WAIT_POLICY``:
+  ``OMP_WAIT_POLICY=ACTIVE`` with ``GOMP_SPINCOUNT=3000``, a short bounded spin. A decode step is
+  ~150 small parallel regions; with GNU OpenMP's default (a ~300k-iteration spin at every barrier) a
+  machine whose cores are also busy made each region wait for a descheduled thread (SmolLM2 batch-1
+  decode on 2 cores beside another job: 754 ms per step, 63 ms with PASSIVE), while PASSIVE (no spin)
+  pays a futex wake-up per region: on a quiet 2-core AMD EPYC (Zen 5) the server's batch-1 inter-token
+  latency was 19-21 ms with PASSIVE and 9.3-9.6 ms with the bounded spin (in-process: 10.6 ms);
+  beside two busy processes 16-24 ms passive vs 25-42 ms spinning (docs/benchmarks.md). Set
+  ``OMP_WAIT_POLICY=PASSIVE`` on a machine that is always shared. It only takes effect in a process
+  whose OpenMP runtime has not started yet (set before torch is imported), so the launcher sets it for
+  the scheduler processes it spawns.
 - ``cpu_threads(requested, tp_size)``: intra-op threads per scheduler rank.
 """
 
@@ -86,9 +90,12 @@ def prefers_bf16(info: CpuInfo) -> bool:
 
 
 def openmp_env(environ: Optional[dict[str, str]] = None) -> dict[str, str]:
-    """Variables to add to a child's environment: ``OMP_WAIT_POLICY=PASSIVE`` unless already set."""
+    """Variables to add to a child's environment: ``OMP_WAIT_POLICY=ACTIVE`` and ``GOMP_SPINCOUNT=3000``
+    (a short bounded spin) unless the user set ``OMP_WAIT_POLICY``; a user's ``GOMP_SPINCOUNT`` is kept."""
     environ = os.environ if environ is None else environ
-    return {} if environ.get("OMP_WAIT_POLICY") else {"OMP_WAIT_POLICY": "PASSIVE"}
+    if environ.get("OMP_WAIT_POLICY"):
+        return {}
+    return {"OMP_WAIT_POLICY": "ACTIVE", **({} if environ.get("GOMP_SPINCOUNT") else {"GOMP_SPINCOUNT": "3000"})}
 
 
 def cpu_threads(requested: Optional[int], tp_size: int, environ: Optional[dict[str, str]] = None,
