@@ -144,7 +144,7 @@ def _build(args: "ServerArgs", paths: Optional["IpcPaths"], ctx: Any, sockets: l
         torch.set_num_threads(cpu_threads(args.cpu_threads, args.tp_size // args.nnodes))
     rendezvous = os.path.join(paths.root, "tp_rendezvous") if paths is not None else None
     tp = init_tp_group(tp_rank, args.tp_size, dist_init_method(args.dist_init_addr, rendezvous), device)
-    model_config = ModelConfig.from_path(args.model_path, dtype=args.dtype, context_length=args.context_length,
+    model_config = ModelConfig.from_path(args.model_path, dtype=args.model_dtype(), context_length=args.context_length,
                                          device=args.device, cache_dir=args.cache_dir)
     tokenizer = load_tokenizer(model_config.model_path, args.tokenizer_path, cache_dir=args.cache_dir)
     worker = TpModelWorker(model_config, args, tp)

@@ -47,7 +47,7 @@ class Engine:
         if args.dp_size > 1:  # replicas are processes; this engine drives one scheduler in the caller's thread
             raise ServerArgsError(f"dp_size={args.dp_size}: data-parallel replicas need the server "
                                   "(radixlm serve --dp-size N); the in-process Engine runs one replica")
-        self.model_config = ModelConfig.from_path(args.model_path, dtype=args.dtype, context_length=args.context_length,
+        self.model_config = ModelConfig.from_path(args.model_path, dtype=args.model_dtype(), context_length=args.context_length,
                                                   device=args.device, cache_dir=args.cache_dir)
         if args.cpu_threads is not None:  # only when asked: the process is the caller's
             import torch

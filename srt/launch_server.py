@@ -121,7 +121,7 @@ def launch_server(args: ServerArgs) -> int:
         # Children first: their imports and model load then overlap this process's config and
         # tokenizer load instead of waiting for it (a start is mostly CPU-bound imports).
         children = _start_children(args, resolved, paths)
-        model_config = ModelConfig.from_path(resolved, dtype=args.dtype, context_length=args.context_length,
+        model_config = ModelConfig.from_path(resolved, dtype=args.model_dtype(), context_length=args.context_length,
                                              device=args.device, cache_dir=args.cache_dir)
         tokenizer = load_tokenizer(resolved, args.tokenizer_path, cache_dir=args.cache_dir)
         _import_serving_modules(args)

@@ -256,6 +256,22 @@ class ServerArgs:
         ``--enable-deterministic-inference`` (GGUF files then load dequantized)."""
         return "none" if self.enable_deterministic_inference else self.quantization
 
+    def model_dtype(self) -> str:
+        """``--dtype`` for the model and its KV cache; ``auto`` with weights kept quantized on CPU
+        (``--quantization int8 | gguf``, or a GGUF file's default) means float32: the quantized kernels
+        compute in fp32, so bf16 activations would only add a conversion around every linear layer."""
+        if self.dtype != "auto" or self.device == "cuda":
+            return self.dtype
+        from radixlm.srt.quantization import gguf_source
+
+        method = self.quantization_method()
+        if method in ("int8", "gguf") or (method is None and gguf_source(self.model_path) is not None):
+            import torch
+
+            if self.device == "cpu" or not torch.cuda.is_available():
+                return "float32"
+        return "auto"
+
     def kernel_backend(self, kind: str) -> str:
         """The backend name to build for ``kind`` (attention, gemm or elementwise): the flag's value, or
         ``cpu`` for ``auto`` under ``--enable-deterministic-inference``."""

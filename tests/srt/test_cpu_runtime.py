@@ -61,3 +61,20 @@ def test_openmp_env_keeps_the_users_choice():
     assert openmp_env({"GOMP_SPINCOUNT": "100"}) == {"OMP_WAIT_POLICY": "ACTIVE"}
     assert openmp_env({"OMP_WAIT_POLICY": "PASSIVE"}) == {}
     assert openmp_env({"OMP_WAIT_POLICY": "ACTIVE"}) == {}
+
+
+def test_auto_dtype_is_float32_for_weights_kept_quantized(stories_path):
+    """The quantized kernels compute in fp32: ``--dtype auto`` with int8 / GGUF blocks means float32
+    (bf16 would only add conversions around every linear); float weights keep auto's CPU choice."""
+    from radixlm.srt.server_args import ServerArgs
+    from tests.conftest import STORIES_GGUF
+
+    def dtype(**kw):
+        return ServerArgs.from_kwargs(device="cpu", **kw).model_dtype()
+
+    assert dtype(model_path=stories_path, quantization="int8") == "float32"
+    assert dtype(model_path=str(STORIES_GGUF)) == "float32"  # a GGUF file keeps its blocks by default
+    assert dtype(model_path=str(STORIES_GGUF), quantization="none") == "auto"
+    assert dtype(model_path=stories_path) == "auto"
+    assert dtype(model_path=stories_path, quantization="int8", dtype="bfloat16") == "bfloat16"
+    assert dtype(model_path=str(STORIES_GGUF), enable_deterministic_inference=True) == "auto"  # loads dequantized
