@@ -65,7 +65,7 @@ def test_bad_node_flags_on_the_command_line_exit_2_with_the_reason():
 def _node_args(model: str, node_rank: int, addr: str) -> list[str]:
     # One intra-op thread per process: the two "nodes" share this machine's cores.
     return ["--model-path", model, "--tp-size", "2", "--nnodes", "2", "--node-rank", str(node_rank),
-            "--dist-init-addr", addr, "--cpu-threads", "1", *BASE_ARGS]
+            "--dist-init-addr", addr, "--cpu-threads", "1", "--dtype", "float32", *BASE_ARGS]
 
 
 def _start_worker_node(args: list[str]) -> ServerProcess:

@@ -28,10 +28,11 @@ def _rank_main(rank: int, size: int, init_file: str, model_path: str, prompts: l
     from radixlm.srt.server_args import ServerArgs
 
     torch.set_num_threads(1)
-    args = ServerArgs(model_path=model_path, tp_size=size, max_total_tokens=2048, chunked_prefill_size=16, page_size=4,
+    args = ServerArgs(model_path=model_path, dtype="float32", tp_size=size, max_total_tokens=2048, chunked_prefill_size=16,
+                      page_size=4,
                       **extra)
     tp = init_tp_group(rank, size, f"file://{init_file}", torch.device("cpu"))
-    mc = ModelConfig.from_path(model_path)
+    mc = ModelConfig.from_path(model_path, dtype="float32")
     worker = TpModelWorker(mc, args, tp)
     outputs: dict[str, list[int]] = {}
 
