@@ -439,7 +439,8 @@ def run_hf_static(target: Target, requests: list[BenchRequest], args, tokenizer)
     return {"label": target.label, "backend": target.backend, "base_url": target.url, "model": target.url,
             "metrics": {**compute_metrics(outputs, duration), "batch_size": args.hf_batch_size},
             "errors": [], "requests": [{"success": o.success, "prompt_len": o.prompt_len, "output_len": o.output_len,
-                                        "cached_tokens": None, "ttft": None, "latency": o.latency} for o in outputs]}
+                                        "cached_tokens": None, "ttft": None, "latency": o.latency, "text": o.text}
+                                       for o in outputs]}
 
 
 def _valid_json(text: str) -> bool:

@@ -49,7 +49,7 @@ def hf_generate(model: Any, prompts: list[list[int]], out_len: int, pad_id: int 
 
 
 def print_table(rows: list[dict[str, Any]], columns: list[str]) -> None:
-    widths = {c: max(len(c), *(len(_fmt(r.get(c))) for r in rows)) for c in columns}
+    widths = {c: max([len(c), *(len(_fmt(r.get(c))) for r in rows)]) for c in columns}  # rows may be empty
     print("  ".join(c.rjust(widths[c]) for c in columns))
     for r in rows:
         print("  ".join(_fmt(r.get(c)).rjust(widths[c]) for c in columns))

@@ -155,7 +155,7 @@ def test_run_all_quick(stories_path, tmp_path):
     res = tmp_path / "res"
     names = {p.stem for p in res.glob("*.json")}
     assert names == {"shared_prefix", "decode_heavy", "random", "json_schema", "tool_calls", "sweep_c1", "sweep_c2",
-                     "sweep_c4", "busy2_c1"}
+                     "sweep_c4", "busy2_c1", "ngram_copy_c1", "ngram_copy_c8", "ngram_random"}
     assert json.loads((res / "busy2_c1.json").read_text())["busy_procs"] == 2
     gsp = json.loads((res / "shared_prefix.json").read_text())
     assert [t["label"] for t in gsp["targets"]] == ["radixlm", "radixlm-nocache", "hf-static"]

@@ -20,9 +20,11 @@ def app_routes(http: httpx.Client) -> set[str]:
 
 def assert_clean_log(server: ServerProcess) -> None:
     """No leak report, no internal error, no traceback in the server's log."""
-    bad = [line for line in server.log().splitlines()
+    lines = server.log().splitlines()
+    bad = [i for i, line in enumerate(lines)
            if "leak" in line.lower() or "Traceback" in line or "internal error" in line]
-    assert not bad, "\n".join(bad[:20]) + "\n---\n" + server.log()[-4000:]
+    # the first bad line with what follows it (a traceback), then the log's tail
+    assert not bad, "\n".join(lines[bad[0]:bad[0] + 60]) + "\n---\n" + "\n".join(lines[-40:])
 
 
 def rss_mb(pid: int) -> float:
