@@ -35,6 +35,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from radixlm.managers.data_parallel_controller import merge_internal_states
 from radixlm.managers.tokenizer_manager import ClientDisconnected, GenerateRequest, RequestError, TokenizerManager
@@ -272,6 +273,8 @@ def create_app(tm: TokenizerManager, server_args: Any, model_info: dict, metrics
     for exc_type in (RequestValidationError, ValidationError, InvalidRequestError, RequestError, Exception):
         app.add_exception_handler(exc_type, lambda request, exc: error_response(exc))
     app.add_exception_handler(StarletteHTTPException, _http_error)  # unknown /v1 routes: OpenAI-shaped 404
+    # A client that leaves while its body is read: nobody to answer, nothing went wrong here.
+    app.add_exception_handler(ClientDisconnect, lambda request, exc: Response(status_code=499))
     app.add_middleware(LimitsMiddleware, max_body=getattr(server_args, "max_request_body_bytes", None) or MAX_REQUEST_BODY_BYTES)
     if server_args.api_key:  # outermost: no body is read before the key is checked
         app.add_middleware(ApiKeyMiddleware, api_key=server_args.api_key)

@@ -1,4 +1,4 @@
-"""Limits: request body size (413), queue full (503 with Retry-After), max_new_tokens beyond the
+"""Limits: request body size (413), a client leaving mid-body (499, no error), queue full (503 with Retry-After), max_new_tokens beyond the
 context (400; the default is clamped to it), a prompt that fills the context (400), fan-out of one
 request (prompts x n, 400). One server: 1 running + 0 queued."""
 
@@ -12,7 +12,7 @@ import pytest
 
 from tests.server.helpers import ENDLESS_ARGS, endless
 
-from .conftest import app_routes, assert_pool_free_after_flush
+from .conftest import app_routes, assert_clean_log, assert_pool_free_after_flush
 
 BODY_LIMIT = 32 << 20  # radixlm.srt.http_server.MAX_REQUEST_BODY_BYTES
 
@@ -32,6 +32,24 @@ def http(server):
 def _still_serves(http: httpx.Client) -> None:
     resp = http.post("/generate", json={"text": "Lily", "sampling_params": {"temperature": 0, "max_new_tokens": 2}})
     assert resp.status_code == 200, resp.text
+
+
+@pytest.mark.parametrize("path", ["/generate", "/v1/completions", "/v1/chat/completions"])
+def test_a_client_leaving_while_its_body_is_read_is_not_a_server_error(server, http, path):
+    """Half a body, then the socket closes: nobody to answer (499 internally), and no "internal
+    error" traceback in the log (the soak suite's disconnecting clients found this)."""
+    import socket
+
+    if path not in app_routes(http):
+        pytest.skip(f"no {path}")
+    head = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"Content-Length: 500\r\n\r\n").encode()
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(head + b'{"text": "Once upon')
+        time.sleep(0.3)
+    time.sleep(0.5)  # the server reads the disconnect
+    _still_serves(http)
+    assert_clean_log(server)
 
 
 @pytest.mark.parametrize("path", ["/generate", "/v1/completions"])
