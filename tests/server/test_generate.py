@@ -81,14 +81,17 @@ def test_stream_deltas_concatenate_to_full_text(http, prompt):
 @pytest.mark.parametrize("interval", [3, 7])
 def test_stream_interval_batches_tokens_and_keeps_the_text(http, interval):
     """sampling_params.stream_interval: the first token at once, then chunks of `interval` tokens
-    (the last may be shorter or carry the finish); the concatenation equals the unstreamed output."""
+    (the last may be shorter or carry the finish); the concatenation equals the unstreamed output.
+    Events are sent only at 1 + k * interval tokens and at the finish; a client that reads slower
+    than the server decodes may get two of them in one (the newest state is sent, nothing is lost)."""
     body = {"text": STORY_PROMPTS[1], "sampling_params": greedy(20, stream_interval=interval, ignore_eos=True)}
     full = http.post("/generate", json=body).json()
     data = sse_events(http, body)[:-1]
     counts = [e["meta_info"]["completion_tokens"] for e in data]
     assert counts[0] == 1 and counts[-1] == 20
-    steps = [b - a for a, b in zip(counts, counts[1:])]
-    assert all(s == interval for s in steps[:-1]) and 0 < steps[-1] <= interval, steps
+    assert all(a < b for a, b in zip(counts, counts[1:])), counts
+    assert all((c - 1) % interval == 0 for c in counts[:-1]), counts  # never between two emission points
+    assert len(counts) <= 20 // interval + 2, counts  # chunked: not one event per token
     assert data[-1]["text"] == full["text"] and data[-1]["output_ids"] == full["output_ids"]
     bad = http.post("/generate", json={"text": "x", "sampling_params": {"stream_interval": 0}})
     assert bad.status_code == 400 and "stream_interval" in bad.json()["error"]["message"]
