@@ -119,7 +119,8 @@ def test_abort_all_ends_running_and_queued_requests(http, server):
 def test_abort_by_rid_prefix(http, server):
     bodies = [{"text": "Lily", "rid": "drop-a", "sampling_params": LONG},
               {"text": "Lily", "rid": "drop-b", "sampling_params": LONG},
-              {"text": "Lily", "rid": "keep", "sampling_params": greedy(40, ignore_eos=True)}]
+              # long enough to be seen running by the 50 ms poll on a fast CPU (40 tokens were not)
+              {"text": "Lily", "rid": "keep", "sampling_params": greedy(600, ignore_eos=True)}]
     threads, results = _post_in_threads(server, bodies)
     _wait_for(lambda: _state(http)["num_running_reqs"] == 3, 60.0, "3 running")
     assert http.post("/abort_request", json={"rid": "drop"}).status_code == 200
@@ -127,5 +128,5 @@ def test_abort_by_rid_prefix(http, server):
         t.join(60)
     by_rid = {r.json()["meta_info"]["id"]: r.json()["meta_info"]["finish_reason"] for r in results}
     assert by_rid["drop-a"]["type"] == by_rid["drop-b"]["type"] == "abort"
-    assert by_rid["keep"] == {"type": "length", "length": 40}
+    assert by_rid["keep"] == {"type": "length", "length": 600}
     _assert_pool_free_after_flush(http)
