@@ -35,7 +35,6 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.requests import ClientDisconnect
 
 from radixlm.managers.data_parallel_controller import merge_internal_states
 from radixlm.managers.tokenizer_manager import ClientDisconnected, GenerateRequest, RequestError, TokenizerManager
@@ -252,13 +251,14 @@ class LimitsMiddleware:
             too_big = size > self.max_body
             if not message.get("more_body", False):
                 break
+        if disconnected:  # the client left before its body was in: nobody to answer, no route to run
+            return
         if too_big:
             text = f"request body larger than {self.max_body} bytes"
             body = openai_error_body(text, 413) if scope["path"].startswith("/v1/") else native_error_body(text, 413)
             await json_response(body, 413)(scope, receive, send)
             return
-        pending = [{"type": "http.disconnect"} if disconnected else
-                   {"type": "http.request", "body": b"".join(parts), "more_body": False}]
+        pending = [{"type": "http.request", "body": b"".join(parts), "more_body": False}]
 
         async def replay() -> dict:
             return pending.pop() if pending else await receive()  # after the body: waits for the disconnect
@@ -273,8 +273,6 @@ def create_app(tm: TokenizerManager, server_args: Any, model_info: dict, metrics
     for exc_type in (RequestValidationError, ValidationError, InvalidRequestError, RequestError, Exception):
         app.add_exception_handler(exc_type, lambda request, exc: error_response(exc))
     app.add_exception_handler(StarletteHTTPException, _http_error)  # unknown /v1 routes: OpenAI-shaped 404
-    # A client that leaves while its body is read: nobody to answer, nothing went wrong here.
-    app.add_exception_handler(ClientDisconnect, lambda request, exc: Response(status_code=499))
     app.add_middleware(LimitsMiddleware, max_body=getattr(server_args, "max_request_body_bytes", None) or MAX_REQUEST_BODY_BYTES)
     if server_args.api_key:  # outermost: no body is read before the key is checked
         app.add_middleware(ApiKeyMiddleware, api_key=server_args.api_key)

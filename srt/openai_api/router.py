@@ -26,7 +26,6 @@ from typing import Any, Awaitable, Callable
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
-from starlette.requests import ClientDisconnect
 
 from radixlm.managers.tokenizer_manager import ClientDisconnected
 from radixlm.srt.openai_api.chat import create_chat_completion
@@ -52,7 +51,7 @@ def _openai_errors(param_names: Mapping[str, str] = MappingProxyType({})
         async def wrapper(*args: Any, **kwargs: Any) -> Response:
             try:
                 return await handler(*args, **kwargs)
-            except (ClientDisconnected, ClientDisconnect):  # left during the body or the generation
+            except ClientDisconnected:
                 return Response(status_code=499)  # nobody is listening
             except Exception as e:  # noqa: BLE001 - error_json logs the unexpected ones
                 return error_json(e, param_names)

@@ -36,7 +36,7 @@ def _still_serves(http: httpx.Client) -> None:
 
 @pytest.mark.parametrize("path", ["/generate", "/v1/completions", "/v1/chat/completions"])
 def test_a_client_leaving_while_its_body_is_read_is_not_a_server_error(server, http, path):
-    """Half a body, then the socket closes: nobody to answer (499 internally), and no "internal
+    """Half a body, then the socket closes: nobody to answer (the route never runs), and no "internal
     error" traceback in the log (the soak suite's disconnecting clients found this)."""
     import socket
 

@@ -16,6 +16,8 @@
 
 #include <ATen/ATen.h>
 
+#include "microkernel.h"
+
 #include <cstdint>
 #include <cstring>
 
@@ -37,7 +39,7 @@ inline bool use_bf16_pairs(int64_t K, int64_t pw) {
 }
 
 #ifdef CPU_CAPABILITY_AVX512
-constexpr int64_t kPairTileRows = 12;
+constexpr int kPairTileRows = 12;
 
 template <int R>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void bf16_pair_tile(
@@ -61,33 +63,12 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void bf16_pair_t
   }
 }
 
-inline void bf16_pair_tile_rows(int64_t rows, const at::BFloat16* x, int64_t ldx, const at::BFloat16* panel, int64_t K,
-                                at::BFloat16* y, int64_t ldy, const at::BFloat16* bias) {
-  switch (rows) {
-    case 12: return bf16_pair_tile<12>(x, ldx, panel, K, y, ldy, bias);
-    case 11: return bf16_pair_tile<11>(x, ldx, panel, K, y, ldy, bias);
-    case 10: return bf16_pair_tile<10>(x, ldx, panel, K, y, ldy, bias);
-    case 9: return bf16_pair_tile<9>(x, ldx, panel, K, y, ldy, bias);
-    case 8: return bf16_pair_tile<8>(x, ldx, panel, K, y, ldy, bias);
-    case 7: return bf16_pair_tile<7>(x, ldx, panel, K, y, ldy, bias);
-    case 6: return bf16_pair_tile<6>(x, ldx, panel, K, y, ldy, bias);
-    case 5: return bf16_pair_tile<5>(x, ldx, panel, K, y, ldy, bias);
-    case 4: return bf16_pair_tile<4>(x, ldx, panel, K, y, ldy, bias);
-    case 3: return bf16_pair_tile<3>(x, ldx, panel, K, y, ldy, bias);
-    case 2: return bf16_pair_tile<2>(x, ldx, panel, K, y, ldy, bias);
-    default: return bf16_pair_tile<1>(x, ldx, panel, K, y, ldy, bias);
-  }
-}
-
 // Rows [m0, m1) of x times one pair panel (y offset to the panel's first column), tiles of near-equal height.
 inline void bf16_pair_panel_rows(const at::BFloat16* x, int64_t ldx, int64_t m0, int64_t m1, const at::BFloat16* panel,
                                  int64_t K, at::BFloat16* y, int64_t ldy, const at::BFloat16* bias) {
-  const int64_t rows = m1 - m0, tiles = (rows + kPairTileRows - 1) / kPairTileRows;
-  for (int64_t t = 0, m = m0; t < tiles; ++t) {
-    const int64_t h = rows / tiles + (t < rows % tiles ? 1 : 0);
-    bf16_pair_tile_rows(h, x + m * ldx, ldx, panel, K, y + m * ldy, ldy, bias);
-    m += h;
-  }
+  near_equal_tiles<kPairTileRows>(m0, m1, [&](auto r, int64_t m) {
+    bf16_pair_tile<decltype(r)::value>(x + m * ldx, ldx, panel, K, y + m * ldy, ldy, bias);
+  });
 }
 #endif
 

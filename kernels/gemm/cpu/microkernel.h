@@ -141,38 +141,41 @@ inline void tile_rows(const T* x, int64_t ldx, const T* panel, int64_t pw, int64
   micro_tile_scalar<R>(x, ldx, panel, pw, K, y, ldy, bias);
 }
 
-template <typename T>
-inline void tile(int64_t rows, const T* x, int64_t ldx, const T* panel, int64_t pw, int64_t K, T* y, int64_t ldy,
-                 const T* bias) {
-  switch (rows) {
-#ifdef CPU_CAPABILITY_AVX512
-    case 12: tile_rows<12>(x, ldx, panel, pw, K, y, ldy, bias); break;
-    case 11: tile_rows<11>(x, ldx, panel, pw, K, y, ldy, bias); break;
-    case 10: tile_rows<10>(x, ldx, panel, pw, K, y, ldy, bias); break;
-    case 9: tile_rows<9>(x, ldx, panel, pw, K, y, ldy, bias); break;
-    case 8: tile_rows<8>(x, ldx, panel, pw, K, y, ldy, bias); break;
-    case 7: tile_rows<7>(x, ldx, panel, pw, K, y, ldy, bias); break;
-#endif
-    case 6: tile_rows<6>(x, ldx, panel, pw, K, y, ldy, bias); break;
-    case 5: tile_rows<5>(x, ldx, panel, pw, K, y, ldy, bias); break;
-    case 4: tile_rows<4>(x, ldx, panel, pw, K, y, ldy, bias); break;
-    case 3: tile_rows<3>(x, ldx, panel, pw, K, y, ldy, bias); break;
-    case 2: tile_rows<2>(x, ldx, panel, pw, K, y, ldy, bias); break;
-    default: tile_rows<1>(x, ldx, panel, pw, K, y, ldy, bias); break;
+// Calls f(std::integral_constant<int, R>{}) with R = rows (1 <= rows <= MaxR): a runtime tile height
+// to the compile-time one the tiles are unrolled for.
+template <int MaxR, typename F>
+inline void with_rows(int64_t rows, F&& f) {
+  if constexpr (MaxR > 1) {
+    if (rows < MaxR) return with_rows<MaxR - 1>(rows, f);
+  }
+  f(std::integral_constant<int, MaxR>{});
+}
+
+// Rows [m0, m1) split into tiles of near-equal height <= MaxR (32 rows at 6: 6+6+5+5+5+5, not 6x5+2: a
+// short tile is load-bound); f(std::integral_constant<int, R>{}, first row) per tile.
+template <int MaxR, typename F>
+inline void near_equal_tiles(int64_t m0, int64_t m1, F&& f) {
+  const int64_t rows = m1 - m0, tiles = (rows + MaxR - 1) / MaxR;
+  for (int64_t t = 0, m = m0; t < tiles; ++t) {
+    const int64_t h = rows / tiles + (t < rows % tiles ? 1 : 0);
+    with_rows<MaxR>(h, [&](auto r) { f(r, m); });
+    m += h;
   }
 }
 
-// Rows [m0, m1) of x times one panel into y's columns (y already offset to the panel's first column):
-// tiles of near-equal height (32 rows: 6+6+5+5+5+5, not 6x5+2: a short tile is load-bound).
+template <typename T>
+inline void tile(int64_t rows, const T* x, int64_t ldx, const T* panel, int64_t pw, int64_t K, T* y, int64_t ldy,
+                 const T* bias) {
+  with_rows<kTileRows>(rows, [&](auto r) { tile_rows<decltype(r)::value>(x, ldx, panel, pw, K, y, ldy, bias); });
+}
+
+// Rows [m0, m1) of x times one panel into y's columns (y already offset to the panel's first column).
 template <typename T>
 inline void panel_rows(const T* x, int64_t ldx, int64_t m0, int64_t m1, const T* panel, int64_t pw, int64_t K, T* y,
                        int64_t ldy, const T* bias) {
-  const int64_t rows = m1 - m0, tiles = (rows + kTileRows - 1) / kTileRows;
-  for (int64_t t = 0, m = m0; t < tiles; ++t) {
-    const int64_t h = rows / tiles + (t < rows % tiles ? 1 : 0);
-    tile<T>(h, x + m * ldx, ldx, panel, pw, K, y + m * ldy, ldy, bias);
-    m += h;
-  }
+  near_equal_tiles<kTileRows>(m0, m1, [&](auto r, int64_t m) {
+    tile_rows<decltype(r)::value>(x + m * ldx, ldx, panel, pw, K, y + m * ldy, ldy, bias);
+  });
 }
 
 }  // namespace radixlm_gemm
