@@ -168,39 +168,56 @@ def test_bad_shapes_are_clear_errors():
         ops.quant_dequantize(packed, 9, 64)
 
 
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return {flag for line in f if line.startswith("flags") for flag in line.split(":", 1)[1].split()}
+    except OSError:
+        return set()
+
+
 @pytest.mark.slow
-def test_scalar_build_computes_the_same(tmp_path):
-    """The portable (non-AVX2) code: built with ATEN_CPU_CAPABILITY=default in a fresh cache (~1 min)."""
+@pytest.mark.parametrize("capability", ["default", "avx2"])
+def test_other_builds_compute_the_same(tmp_path, capability):
+    """The portable (non-AVX2) code and the AVX2 code (quant_rows_avx2.h, what an AVX-512 machine
+    does not run by itself): built with ATEN_CPU_CAPABILITY=<capability> in a fresh cache (~1 min each)."""
     import os
     import subprocess
     import sys
     import textwrap
 
+    if capability == "avx2" and not {"avx2", "fma", "f16c"} <= _cpu_flags():
+        pytest.skip("this CPU has no AVX2 + FMA + F16C")
+    if capability == "avx2" and torch.backends.cpu.get_cpu_capability() == "AVX2":
+        pytest.skip("the AVX2 build is this machine's own: the tests above ran it")
+
     script = textwrap.dedent("""
+        import sys
         import numpy as np, torch, torch.nn.functional as F, gguf
         from radixlm.kernels.cpu_extension import _capability, load_cpu_kernels
         from radixlm.kernels.quant.formats import (FORMATS, dequantize_reference, quantize_activations_reference,
                                                    quantize_int8)
-        assert _capability() == "DEFAULT", _capability()
+        assert _capability() == sys.argv[1].upper(), _capability()
         load_cpu_kernels()
         ops = torch.ops.radixlm_cpu
         types = {"q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_0": gguf.GGMLQuantizationType.Q4_0,
                  "q4_1": gguf.GGMLQuantizationType.Q4_1}
-        w = torch.randn(33, 96) * 0.05
+        w = torch.randn(39, 96) * 0.05 + torch.rand(39, 1) * 0.02  # 39 rows: tiles of 4 and 2 and a rest
         for name, f in FORMATS.items():
             packed = quantize_int8(w) if name == "int8" else torch.from_numpy(
                 np.ascontiguousarray(gguf.quants.quantize(w.numpy(), types[name])))
             wd = dequantize_reference(packed, name, 96)
             assert torch.equal(ops.quant_dequantize(packed, f.code, 96), wd), name
-            for m in (1, 5, 9):
+            for m in (1, 2, 3, 5, 9):
                 x = torch.randn(m, 96)
                 y = ops.quant_linear(x, packed, f.code, 96, True)
                 torch.testing.assert_close(y, F.linear(quantize_activations_reference(x), wd), rtol=1e-5, atol=1e-4)
                 yf = ops.quant_linear(x, packed, f.code, 96, False)
                 torch.testing.assert_close(yf, F.linear(x, wd), rtol=1e-5, atol=1e-4)
-        print("SCALAR OK")
+        print("BUILD OK")
     """)
-    env = {**os.environ, "ATEN_CPU_CAPABILITY": "default", "RADIXLM_KERNEL_CACHE": str(tmp_path / "cache")}
-    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=900)
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": capability, "RADIXLM_KERNEL_CACHE": str(tmp_path / "cache")}
+    out = subprocess.run([sys.executable, "-c", script, capability], env=env, capture_output=True, text=True,
+                         timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "SCALAR OK" in out.stdout
+    assert "BUILD OK" in out.stdout
