@@ -8,6 +8,7 @@ far larger than the caches). Reports the best of ``--repeats`` passes: wall and 
 milliseconds and GFLOP/s; prints a table and writes JSON.
 
     python benchmarks/bench_gemm.py --rows 1 32 64 512 --threads 2
+    python benchmarks/bench_gemm.py --rows 1 32 64 --backends onednn cpu --dtype bfloat16
     python benchmarks/bench_gemm.py --hidden 576 --intermediate 1536 --heads 9 --kv-heads 3 --layers 30
 
 Defaults are SmolLM2-135M's shapes. On a shared machine, CPU time per FLOP is the steadier figure.
@@ -41,21 +42,23 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=30)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="weights and activations")
     ap.add_argument("--output", default="bench_results/bench_gemm.json")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     from radixlm.kernels.gemm import create_gemm_backend
 
+    dtype = getattr(torch, args.dtype)
     shapes = layer_shapes(args.hidden, args.intermediate, args.heads, args.kv_heads, args.head_dim) * args.layers
     g = torch.Generator().manual_seed(0)
-    dense = [torch.randn(n, k, generator=g) * 0.02 for n, k in shapes]
+    dense = [(torch.randn(n, k, generator=g) * 0.02).to(dtype) for n, k in shapes]
     rows_out = []
     for name in args.backends:
-        gemm = create_gemm_backend(name, torch.device("cpu"), torch.float32)
+        gemm = create_gemm_backend(name, torch.device("cpu"), dtype)
         weights = [gemm.prepare(w.clone()) for w in dense]
         for m in args.rows:
-            xs = {k: torch.randn(m, k, generator=g) for k in {k for _, k in shapes}}
+            xs = {k: torch.randn(m, k, generator=g).to(dtype) for k in {k for _, k in shapes}}
 
             def run() -> None:
                 for (_, k), w in zip(shapes, weights):
@@ -72,7 +75,7 @@ def main() -> None:
                              "gflop_s_wall": flops / wall / 1e9, "gflop_s_cpu": flops / cpu / 1e9})
         del weights
     load = os.getloadavg()
-    print(f"{len(shapes)} linears ({sum(n * k for n, k in shapes) * 4 / 1e6:.0f} MB fp32), threads {torch.get_num_threads()}, "
+    print(f"{len(shapes)} linears ({sum(n * k for n, k in shapes) * dense[0].element_size() / 1e6:.0f} MB {args.dtype}), threads {torch.get_num_threads()}, "
           f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     print(f"{'backend':>13} {'rows':>5} {'wall ms':>9} {'cpu ms':>9} {'GFLOP/s wall':>13} {'GFLOP/s cpu':>12}")
     for r in rows_out:
@@ -80,7 +83,7 @@ def main() -> None:
               f"{r['gflop_s_cpu']:>12.1f}")
     os.makedirs(os.path.dirname(args.output) or ".", exist_ok=True)
     with open(args.output, "w") as f:
-        json.dump({"threads": torch.get_num_threads(), "load_average": load, "rows": rows_out}, f, indent=1)
+        json.dump({"threads": torch.get_num_threads(), "dtype": args.dtype, "load_average": load, "rows": rows_out}, f, indent=1)
     print(f"wrote {args.output}")
 
 

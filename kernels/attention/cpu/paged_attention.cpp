@@ -12,6 +12,11 @@
 // scores = q . k (fp32; K transposed per block so a vector of keys' scores is one chain of FMAs, with up
 // to 4 query vectors of a row sharing each K and V load), a running max and normaliser per head (online softmax, Milakov & Gimelshein 2018; FlashDecoding),
 // then acc += p * v. K/V may be fp32, bf16 or fp16; arithmetic is fp32.
+// bf16 pools on CPUs with AVX512-BF16 (Zen 4 / 5, Cooper Lake, Sapphire Rapids) take the pair path for
+// scores: K blocks are transposed as 32-bit pairs of bf16 (dims 2i, 2i+1 of a key in one lane; half
+// the elements of the widened fp32 transpose, nothing converted) and q . k is a chain of vdpbf16ps over
+// the pairs (each pair's two products are exact in fp32), times the scaling at the end. The path is
+// chosen per CPU, so extend and decode rows still run the same operations.
 // Vectorised with ATen's at::vec (AVX2 / AVX-512 chosen by the CPU_CAPABILITY macros at build time);
 // exp is Sleef's 1-ulp expf, as torch's own softmax uses.
 //
@@ -33,6 +38,8 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdint>
+#include <type_traits>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -161,6 +168,36 @@ inline void prefetch_row(const T* row, int64_t d) {
   for (int64_t b = 0; b < d * static_cast<int64_t>(sizeof(T)); b += 64) __builtin_prefetch(p + b, 0, 3);
 }
 
+// Brings the K and V rows of keys [j0, j1) towards L2 (hints: no effect on results). A thread asks for
+// its next work item's first block before computing the current one, so the item's short streams
+// (a request's keys, ~128 B each) arrive while it computes instead of after it starts; a decode step
+// reads every KV row from memory once, and without this ran at ~7 of the ~26 GB/s the machine reads.
+template <typename T>
+inline void prefetch_keys_l2(const T* kh, const T* vh, const int64_t* slot_row, int64_t j0, int64_t j1, int64_t d) {
+  const int64_t bytes = d * static_cast<int64_t>(sizeof(T));
+  for (int64_t j = j0; j < j1; ++j) {
+    const char* k = reinterpret_cast<const char*>(kh + slot_row[j] * d);
+    const char* v = reinterpret_cast<const char*>(vh + slot_row[j] * d);
+    for (int64_t b = 0; b < bytes; b += 64) {
+      __builtin_prefetch(k + b, 0, 2);
+      __builtin_prefetch(v + b, 0, 2);
+    }
+  }
+}
+
+// Pointers to the fp32 V rows of keys [j0, j0 + n) (converted into vblock unless the pool is fp32),
+// prefetched a few rows ahead.
+template <typename T>
+inline void load_values(const T* vh, const int64_t* slot_row, int64_t j0, int64_t n, int64_t d,
+                        std::vector<float>& vblock, const float** vrows) {
+  constexpr int64_t kAhead = 16;
+  for (int64_t j = 0; j < std::min(n, kAhead); ++j) prefetch_row(vh + slot_row[j0 + j] * d, d);
+  for (int64_t j = 0; j < n; ++j) {
+    if (j + kAhead < n) prefetch_row(vh + slot_row[j0 + j + kAhead] * d, d);
+    vrows[j] = as_float<T>(vh + slot_row[j0 + j] * d, vblock.data() + j * d, d);
+  }
+}
+
 // Keys [j0, j0 + n) of one KV head: K transposed into kT (D, BLOCK) fp32, zero-padded to a whole
 // vector of keys, and pointers to the fp32 V rows (converted into vblock unless the pool is fp32).
 // With AVX2, K is transposed 8 keys x 8 dimensions at a time (pad keys read a zero row); values are
@@ -182,11 +219,7 @@ inline void load_block(const T* kh, const T* vh, const int64_t* slot_row, int64_
       for (int r = 0; r < 8; ++r) rows[r] = j + r < n ? kh + slot_row[j0 + j + r] * d : zeros;
       for (int64_t c = 0; c < d; c += 8) transpose8x8<T>(rows, c, kT + c * BLOCK + j, BLOCK);
     }
-    for (int64_t j = 0; j < std::min(n, kAhead); ++j) prefetch_row(vh + slot_row[j0 + j] * d, d);
-    for (int64_t j = 0; j < n; ++j) {
-      if (j + kAhead < n) prefetch_row(vh + slot_row[j0 + j + kAhead] * d, d);
-      vrows[j] = as_float<T>(vh + slot_row[j0 + j] * d, vblock.data() + j * d, d);
-    }
+    load_values<T>(vh, slot_row, j0, n, d, vblock, vrows);
     return;
   }
 #endif
@@ -199,6 +232,75 @@ inline void load_block(const T* kh, const T* vh, const int64_t* slot_row, int64_
   const int64_t padded = (n + Vec::size() - 1) / Vec::size() * Vec::size();
   for (int64_t i = 0; i < d; ++i) std::fill(kT + i * BLOCK + n, kT + i * BLOCK + padded, 0.f);
 }
+
+// Whether a bf16 pool with head_dim d computes its scores on the pair path (AVX512-BF16; d a multiple
+// of 16 so a key is whole 8 x 8 blocks of pairs). Fixed for the process: every row takes the same path.
+inline bool bf16_pair_scores(int64_t d) {
+#ifdef CPU_CAPABILITY_AVX512
+  static const bool has = __builtin_cpu_supports("avx512bf16");
+  return has && d % 16 == 0 && d <= 256;
+#else
+  (void)d;
+  return false;
+#endif
+}
+
+#ifdef CPU_CAPABILITY_AVX512
+// Keys [j0, j0 + n) of one bf16 KV head for the pair path: kP[i * BLOCK + j] = the 32-bit pair
+// (k_j[2i], k_j[2i + 1]) for i < d / 2, zero-padded to a whole vector of keys; V rows as in load_block.
+// The pairs are moved as 32-bit lanes with the same 8 x 8 transpose (bits, not values).
+inline void load_block_pairs(const at::BFloat16* kh, const at::BFloat16* vh, const int64_t* slot_row, int64_t j0,
+                             int64_t n, int64_t d, uint32_t* kP, std::vector<float>& vblock, const float** vrows) {
+  static thread_local at::BFloat16 zeros[256] = {};
+  const int64_t padded = (n + Vec::size() - 1) / Vec::size() * Vec::size();
+  constexpr int64_t kAhead = 16;
+  float* dst = reinterpret_cast<float*>(kP);
+  for (int64_t j = 0; j < std::min(n, kAhead); ++j) prefetch_row(kh + slot_row[j0 + j] * d, d);
+  for (int64_t j = 0; j < padded; j += 8) {
+    for (int64_t a = j + kAhead; a < std::min(n, j + kAhead + 8); ++a) prefetch_row(kh + slot_row[j0 + a] * d, d);
+    const float* rows[8];
+    for (int r = 0; r < 8; ++r) rows[r] = reinterpret_cast<const float*>(j + r < n ? kh + slot_row[j0 + j + r] * d : zeros);
+    for (int64_t c = 0; c < d / 2; c += 8) {
+      __m256 r8[8];
+      for (int r = 0; r < 8; ++r) r8[r] = _mm256_loadu_ps(rows[r] + c);
+      radixlm_gemm::transpose8x8_store(r8, dst + c * BLOCK + j, BLOCK);
+    }
+  }
+  load_values<at::BFloat16>(vh, slot_row, j0, n, d, vblock, vrows);
+}
+
+// Scores of NQ query vectors (bf16 rows qv, stride d, read as d / 2 pairs) against NV vectors of keys
+// from jv: per score one vdpbf16ps chain over the pairs in order, then one multiply by `scaling`.
+template <int NQ, int NV>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void pair_scores_tile(
+    const uint32_t* qv, int64_t half, const uint32_t* kP, int64_t jv, float scaling, float* s) {
+  __m512 acc[NQ][NV];
+  for (int q = 0; q < NQ; ++q)
+    for (int v = 0; v < NV; ++v) acc[q][v] = _mm512_setzero_ps();
+  for (int64_t i = 0; i < half; ++i) {
+    const uint32_t* row = kP + i * BLOCK + jv;
+    __m512bh k[NV];
+    for (int v = 0; v < NV; ++v) k[v] = (__m512bh)_mm512_loadu_si512(row + v * 16);
+    for (int q = 0; q < NQ; ++q) {
+      const __m512bh qi = (__m512bh)_mm512_set1_epi32(static_cast<int>(qv[q * half + i]));
+      for (int v = 0; v < NV; ++v) acc[q][v] = _mm512_dpbf16_ps(acc[q][v], qi, k[v]);
+    }
+  }
+  const __m512 sc = _mm512_set1_ps(scaling);
+  for (int q = 0; q < NQ; ++q)
+    for (int v = 0; v < NV; ++v) _mm512_storeu_ps(s + q * BLOCK + jv + v * 16, _mm512_mul_ps(acc[q][v], sc));
+}
+
+template <int NQ>
+void pair_scores_queries(const uint32_t* qv, int64_t half, const uint32_t* kP, int64_t n, float scaling, float* s) {
+  int64_t jv = 0;
+  if constexpr (NQ <= 3) {
+    for (; jv + 64 <= n; jv += 64) pair_scores_tile<NQ, 4>(qv, half, kP, jv, scaling, s);
+  }
+  for (; jv + 32 <= n; jv += 32) pair_scores_tile<NQ, 2>(qv, half, kP, jv, scaling, s);
+  for (; jv < n; jv += 16) pair_scores_tile<NQ, 1>(qv, half, kP, jv, scaling, s);  // pad keys are zeros
+}
+#endif
 
 // Scores of NQ query vectors (qv, stride d) against NV vectors of keys from jv, into s (stride BLOCK per
 // query): per score, one chain of fused multiply-adds over the head dimension, the same chain
@@ -269,6 +371,9 @@ inline void accumulate_queries(float* a, int64_t d, const float* p, const float*
   }
 }
 
+inline void softmax_accumulate(int64_t group, const float* const* vrows, int64_t n, int64_t d, float* s, float* m,
+                               float* l, float* a);
+
 // One key block for the G query vectors of one query row (qv (G, D), scores s (G, BLOCK), state m, l
 // (G,) and a (G, D)): the step every row runs for every block it sees, in every pass, so where a
 // row is computed never changes its result. kT is the block's transposed K.
@@ -284,6 +389,33 @@ inline void row_step(const float* qv, int64_t group, const float* kT, const floa
       default: scores_queries<1>(qq, d, kT, n, sq); break;
     }
   }
+  softmax_accumulate(group, vrows, n, d, s, m, l, a);
+}
+
+#ifdef CPU_CAPABILITY_AVX512
+// row_step on the pair path: qv the row's G bf16 query vectors (unscaled, read as pairs), kP the block's
+// pair-transposed K; the softmax and the accumulation are the same.
+inline void row_step_pairs(const uint32_t* qv, int64_t group, const uint32_t* kP, const float* const* vrows, int64_t n,
+                           int64_t d, float scaling, float* s, float* m, float* l, float* a) {
+  const int64_t half = d / 2;
+  for (int64_t q0 = 0; q0 < group; q0 += 4) {
+    const uint32_t* qq = qv + q0 * half;
+    float* sq = s + q0 * BLOCK;
+    switch (std::min<int64_t>(4, group - q0)) {
+      case 4: pair_scores_queries<4>(qq, half, kP, n, scaling, sq); break;
+      case 3: pair_scores_queries<3>(qq, half, kP, n, scaling, sq); break;
+      case 2: pair_scores_queries<2>(qq, half, kP, n, scaling, sq); break;
+      default: pair_scores_queries<1>(qq, half, kP, n, scaling, sq); break;
+    }
+  }
+  softmax_accumulate(group, vrows, n, d, s, m, l, a);
+}
+#endif
+
+// The online-softmax update of G query vectors from their scores s (G, BLOCK) over n keys, then
+// a += p * v; s is overwritten with p.
+inline void softmax_accumulate(int64_t group, const float* const* vrows, int64_t n, int64_t d, float* s, float* m,
+                               float* l, float* a) {
   for (int64_t q = 0; q < group; ++q) {
     float* sq = s + q * BLOCK;
     const float bmax = block_max(sq, n);
@@ -308,6 +440,37 @@ inline void row_step(const float* qv, int64_t group, const float* kT, const floa
   }
 }
 
+// A key block for either score path (`pairs`: a bf16 pool on the pair path, see bf16_pair_scores).
+template <typename T>
+inline void load_block_for(bool pairs, const T* kh, const T* vh, const int64_t* slot_row, int64_t j0, int64_t n,
+                           int64_t d, float* kblock, std::vector<float>& vblock, const float** vrows) {
+#ifdef CPU_CAPABILITY_AVX512
+  if constexpr (std::is_same_v<T, at::BFloat16>) {
+    if (pairs) return load_block_pairs(kh, vh, slot_row, j0, n, d, reinterpret_cast<uint32_t*>(kblock), vblock, vrows);
+  }
+#endif
+  (void)pairs;
+  load_block<T>(kh, vh, slot_row, j0, n, d, kblock, vblock, vrows);
+}
+
+// One row's step on either path: qrow is the row's G query vectors in the pool dtype (the pair path
+// reads them), qf_row the same scaled to fp32 (the fp32 path reads them; unset on the pair path).
+template <typename T>
+inline void row_step_for(bool pairs, const T* qrow, const float* qf_row, int64_t group, const float* kblock,
+                         const float* const* vrows, int64_t n, int64_t d, float scaling, float* s, float* m, float* l,
+                         float* a) {
+#ifdef CPU_CAPABILITY_AVX512
+  if constexpr (std::is_same_v<T, at::BFloat16>) {
+    if (pairs) {
+      return row_step_pairs(reinterpret_cast<const uint32_t*>(qrow), group, reinterpret_cast<const uint32_t*>(kblock),
+                            vrows, n, d, scaling, s, m, l, a);
+    }
+  }
+#endif
+  (void)pairs, (void)qrow, (void)scaling;
+  row_step(qf_row, group, kblock, vrows, n, d, s, m, l, a);
+}
+
 // Query vectors of flat rows `qrows[0..n)` for KV head h, scaled, into qf (n * G, D).
 template <typename T>
 inline void load_queries(const T* qp, const int64_t* qrows, int64_t n, int64_t h, int64_t heads, int64_t group,
@@ -324,11 +487,11 @@ inline void load_queries(const T* qp, const int64_t* qrows, int64_t n, int64_t h
 // Cascade first pass: the shared prefix (keys [0, plen), whole blocks) of one group for query rows
 // qrows[0..n) over KV head h; every row sees all of it. Leaves each query vector's state in `st`.
 template <typename T>
-void attend_shared(const int64_t* qrows, int64_t n, int64_t h, const T* qp, const T* kp, const T* vp,
+void attend_shared(bool pairs, const int64_t* qrows, int64_t n, int64_t h, const T* qp, const T* kp, const T* vp,
                    const int64_t* slot_row, int64_t plen, int64_t heads, int64_t group, int64_t d, int64_t slots,
                    float scaling, RowState st, std::vector<float>& qf, std::vector<float>& kblock,
                    std::vector<float>& vblock, std::vector<float>& scores) {
-  load_queries<T>(qp, qrows, n, h, heads, group, d, scaling, qf);
+  if (!pairs) load_queries<T>(qp, qrows, n, h, heads, group, d, scaling, qf);
   for (int64_t r = 0; r < n; ++r) {
     for (int64_t g = 0; g < group; ++g) {
       const int64_t sq = qrows[r] * heads + h * group + g;
@@ -341,11 +504,12 @@ void attend_shared(const int64_t* qrows, int64_t n, int64_t h, const T* qp, cons
   const T* vh = vp + h * slots * d;
   for (int64_t j0 = 0; j0 < plen; j0 += BLOCK) {
     const float* vrows[BLOCK];
-    load_block<T>(kh, vh, slot_row, j0, BLOCK, d, kblock.data(), vblock, vrows);
+    if (j0 + BLOCK < plen) prefetch_keys_l2(kh, vh, slot_row, j0 + BLOCK, std::min(plen, j0 + 2 * BLOCK), d);
+    load_block_for<T>(pairs, kh, vh, slot_row, j0, BLOCK, d, kblock.data(), vblock, vrows);
     for (int64_t r = 0; r < n; ++r) {
-      const int64_t sq = qrows[r] * heads + h * group;  // the row's G query vectors are contiguous in st
-      row_step(qf.data() + r * group * d, group, kblock.data(), vrows, BLOCK, d, scores.data(), st.m + sq, st.l + sq,
-               st.acc + sq * d);
+      const int64_t sq = qrows[r] * heads + h * group;  // the row's G query vectors are contiguous in q and st
+      row_step_for<T>(pairs, qp + sq * d, qf.data() + r * group * d, group, kblock.data(), vrows, BLOCK, d, scaling,
+                      scores.data(), st.m + sq, st.l + sq, st.acc + sq * d);
     }
   }
 }
@@ -358,7 +522,7 @@ void attend_shared(const int64_t* qrows, int64_t n, int64_t h, const T* qp, cons
 // prefill, a prefill chunk, a decode step or any batch: the kernel is batch-invariant and
 // extend/decode-consistent by construction.
 template <typename T>
-void attend_item(const Item& it, const T* qp, const T* kp, const T* vp, const int64_t* slot_row, int64_t prefix,
+void attend_item(bool pairs, const Item& it, const T* qp, const T* kp, const T* vp, const int64_t* slot_row, int64_t prefix,
                  int64_t key_begin, int64_t q_row0, int64_t heads, int64_t group, int64_t d, int64_t slots,
                  float scaling, RowState st, T* op, std::vector<float>& qf, std::vector<float>& acc,
                  std::vector<float>& kblock, std::vector<float>& vblock, std::vector<float>& scores,
@@ -366,7 +530,7 @@ void attend_item(const Item& it, const T* qp, const T* kp, const T* vp, const in
   const int64_t nq = it.rows * group;  // query vectors in this item
   int64_t qrows[TILE];
   for (int64_t r = 0; r < it.rows; ++r) qrows[r] = q_row0 + it.row0 + r;
-  load_queries<T>(qp, qrows, it.rows, it.h, heads, group, d, scaling, qf);
+  if (!pairs) load_queries<T>(qp, qrows, it.rows, it.h, heads, group, d, scaling, qf);
   if (key_begin == 0) {
     std::fill(m.begin(), m.begin() + nq, -std::numeric_limits<float>::infinity());
     std::fill(l.begin(), l.begin() + nq, 0.f);
@@ -387,14 +551,15 @@ void attend_item(const Item& it, const T* qp, const T* kp, const T* vp, const in
   for (int64_t j0 = key_begin; j0 < last_len; j0 += BLOCK) {
     const int64_t nblock = std::min(BLOCK, last_len - j0);
     const float* vrows[BLOCK];
-    load_block<T>(kh, vh, slot_row, j0, nblock, d, kblock.data(), vblock, vrows);
+    if (j0 + BLOCK < last_len) prefetch_keys_l2(kh, vh, slot_row, j0 + BLOCK, std::min(last_len, j0 + 2 * BLOCK), d);
+    load_block_for<T>(pairs, kh, vh, slot_row, j0, nblock, d, kblock.data(), vblock, vrows);
     for (int64_t r = 0; r < it.rows; ++r) {
       const int64_t len = prefix + it.row0 + r + 1;
       if (len <= j0) continue;
       const int64_t n = std::min(BLOCK, len - j0);
       const int64_t qi = r * group;
-      row_step(qf.data() + qi * d, group, kblock.data(), vrows, n, d, scores.data(), m.data() + qi, l.data() + qi,
-               acc.data() + qi * d);
+      row_step_for<T>(pairs, qp + (qrows[r] * heads + it.h * group) * d, qf.data() + qi * d, group, kblock.data(),
+                      vrows, n, d, scaling, scores.data(), m.data() + qi, l.data() + qi, acc.data() + qi * d);
     }
   }
   for (int64_t r = 0; r < it.rows; ++r) {
@@ -458,6 +623,7 @@ void attention_kernel(const at::Tensor& q, const at::Tensor& k_cache, const at::
   const int64_t* pre = prefix_lens.data_ptr<int64_t>();
   const int64_t* ext = extend_lens.data_ptr<int64_t>();
   const std::vector<int64_t> q_start = query_starts(q.size(0), ctx, prefix_lens, extend_lens);
+  const bool pairs = std::is_same_v<T, at::BFloat16> && bf16_pair_scores(d);
   // Items of at most TILE query rows; assigned to threads longest-first onto the least-loaded
   // thread (LPT), so long prefills do not leave a thread idle.
   std::vector<Item> items;
@@ -513,7 +679,7 @@ void attention_kernel(const at::Tensor& q, const at::Tensor& k_cache, const at::
       std::vector<float> qf(SHARED_TILE * group * d), kblock(BLOCK * d), vblock(BLOCK * d), scores(group * BLOCK);
       for (int64_t i = begin; i < end; ++i) {
         const auto& [g, r0, n, h] = shared[i];
-        attend_shared<T>(qrows.data() + r0, n, h, qp, kp, vp, table + rows[rq[off[g]]] * ctx, glen[g], heads, group,
+        attend_shared<T>(pairs, qrows.data() + r0, n, h, qp, kp, vp, table + rows[rq[off[g]]] * ctx, glen[g], heads, group,
                          d, slots, static_cast<float>(scaling), st, qf, kblock, vblock, scores);
       }
     });
@@ -522,9 +688,14 @@ void attention_kernel(const at::Tensor& q, const at::Tensor& k_cache, const at::
     std::vector<float> qf(TILE * group * d), acc(TILE * group * d), kblock(BLOCK * d), vblock(BLOCK * d),
         scores(group * BLOCK), m(TILE * group), l(TILE * group);
     for (int64_t t = begin; t < end; ++t) {
-      for (int64_t i : assigned[t]) {
-        const Item& it = items[i];
-        attend_item<T>(it, qp, kp, vp, table + rows[it.b] * ctx, pre[it.b], key_begin[it.b], q_start[it.b], heads,
+      for (size_t x = 0; x < assigned[t].size(); ++x) {
+        const Item& it = items[assigned[t][x]];
+        if (x + 1 < assigned[t].size()) {
+          const Item& nx = items[assigned[t][x + 1]];
+          prefetch_keys_l2(kp + nx.h * slots * d, vp + nx.h * slots * d, table + rows[nx.b] * ctx, key_begin[nx.b],
+                           std::min(pre[nx.b] + nx.row0 + nx.rows, key_begin[nx.b] + BLOCK), d);
+        }
+        attend_item<T>(pairs, it, qp, kp, vp, table + rows[it.b] * ctx, pre[it.b], key_begin[it.b], q_start[it.b], heads,
                        group, d, slots, static_cast<float>(scaling), st, op, qf, acc, kblock, vblock, scores, m, l);
       }
     }
@@ -594,6 +765,9 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_new, const a
   return out;
 }
 
+// Whether bf16 pools of this head_dim compute scores on the pair path here (AVX512-BF16).
+bool attention_bf16_pairs(int64_t head_dim) { return bf16_pair_scores(head_dim); }
+
 }  // namespace
 
 TORCH_LIBRARY(radixlm_cpu, m) {
@@ -601,4 +775,5 @@ TORCH_LIBRARY(radixlm_cpu, m) {
         "Tensor out_cache_loc, Tensor req_to_token, Tensor req_pool_indices, Tensor prefix_lens, Tensor extend_lens, "
         "Tensor cascade_reqs, Tensor cascade_offsets, Tensor cascade_lens, float scaling) -> Tensor");
   m.impl("paged_attention", c10::DispatchKey::CPU, &paged_attention);
+  m.def("attention_bf16_pairs(int head_dim) -> bool", &attention_bf16_pairs);
 }
