@@ -38,10 +38,10 @@
 
 #include <algorithm>
 #include <array>
-#include <cstdint>
-#include <type_traits>
 #include <cmath>
+#include <cstdint>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -198,6 +198,26 @@ inline void load_values(const T* vh, const int64_t* slot_row, int64_t j0, int64_
   }
 }
 
+#if defined(CPU_CAPABILITY_AVX2) || defined(CPU_CAPABILITY_AVX512)
+// fn(j, rows) for j = 0, 8, ... over keys [j0, j0 + n) padded to a whole vector of keys: rows[r] is
+// key j0 + j + r's K row (d <= 256 elements; a zero row past n). K/V rows sit wherever the slots are:
+// the rows are asked for a few steps ahead of their use, so the loads of a decode step (which streams
+// the whole KV cache once) overlap instead of queueing.
+template <typename T, typename Fn>
+inline void for_key_octets(const T* kh, const int64_t* slot_row, int64_t j0, int64_t n, int64_t d, Fn&& fn) {
+  static thread_local T zeros[256] = {};
+  const int64_t padded = (n + Vec::size() - 1) / Vec::size() * Vec::size();
+  constexpr int64_t kAhead = 16;
+  for (int64_t j = 0; j < std::min(n, kAhead); ++j) prefetch_row(kh + slot_row[j0 + j] * d, d);
+  for (int64_t j = 0; j < padded; j += 8) {
+    for (int64_t a = j + kAhead; a < std::min(n, j + kAhead + 8); ++a) prefetch_row(kh + slot_row[j0 + a] * d, d);
+    const T* rows[8];
+    for (int r = 0; r < 8; ++r) rows[r] = j + r < n ? kh + slot_row[j0 + j + r] * d : zeros;
+    fn(j, rows);
+  }
+}
+#endif
+
 // Keys [j0, j0 + n) of one KV head: K transposed into kT (D, BLOCK) fp32, zero-padded to a whole
 // vector of keys, and pointers to the fp32 V rows (converted into vblock unless the pool is fp32).
 // With AVX2, K is transposed 8 keys x 8 dimensions at a time (pad keys read a zero row); values are
@@ -207,18 +227,9 @@ inline void load_block(const T* kh, const T* vh, const int64_t* slot_row, int64_
                        float* kT, std::vector<float>& vblock, const float** vrows) {
 #if defined(CPU_CAPABILITY_AVX2) || defined(CPU_CAPABILITY_AVX512)
   if (d % 8 == 0 && d <= 256) {
-    static thread_local T zeros[256] = {};
-    const int64_t padded = (n + Vec::size() - 1) / Vec::size() * Vec::size();
-    // K/V rows sit wherever the slots are: ask for the rows a few steps ahead of their use, so the
-    // loads of a decode step (which streams the whole KV cache once) overlap instead of queueing.
-    constexpr int64_t kAhead = 16;
-    for (int64_t j = 0; j < std::min(n, kAhead); ++j) prefetch_row(kh + slot_row[j0 + j] * d, d);
-    for (int64_t j = 0; j < padded; j += 8) {
-      for (int64_t a = j + kAhead; a < std::min(n, j + kAhead + 8); ++a) prefetch_row(kh + slot_row[j0 + a] * d, d);
-      const T* rows[8];
-      for (int r = 0; r < 8; ++r) rows[r] = j + r < n ? kh + slot_row[j0 + j + r] * d : zeros;
+    for_key_octets<T>(kh, slot_row, j0, n, d, [&](int64_t j, const T* const* rows) {
       for (int64_t c = 0; c < d; c += 8) transpose8x8<T>(rows, c, kT + c * BLOCK + j, BLOCK);
-    }
+    });
     load_values<T>(vh, slot_row, j0, n, d, vblock, vrows);
     return;
   }
@@ -251,21 +262,14 @@ inline bool bf16_pair_scores(int64_t d) {
 // The pairs are moved as 32-bit lanes with the same 8 x 8 transpose (bits, not values).
 inline void load_block_pairs(const at::BFloat16* kh, const at::BFloat16* vh, const int64_t* slot_row, int64_t j0,
                              int64_t n, int64_t d, uint32_t* kP, std::vector<float>& vblock, const float** vrows) {
-  static thread_local at::BFloat16 zeros[256] = {};
-  const int64_t padded = (n + Vec::size() - 1) / Vec::size() * Vec::size();
-  constexpr int64_t kAhead = 16;
   float* dst = reinterpret_cast<float*>(kP);
-  for (int64_t j = 0; j < std::min(n, kAhead); ++j) prefetch_row(kh + slot_row[j0 + j] * d, d);
-  for (int64_t j = 0; j < padded; j += 8) {
-    for (int64_t a = j + kAhead; a < std::min(n, j + kAhead + 8); ++a) prefetch_row(kh + slot_row[j0 + a] * d, d);
-    const float* rows[8];
-    for (int r = 0; r < 8; ++r) rows[r] = reinterpret_cast<const float*>(j + r < n ? kh + slot_row[j0 + j + r] * d : zeros);
-    for (int64_t c = 0; c < d / 2; c += 8) {
+  for_key_octets<at::BFloat16>(kh, slot_row, j0, n, d, [&](int64_t j, const at::BFloat16* const* rows) {
+    for (int64_t c = 0; c < d / 2; c += 8) {  // c counts pairs: 8 pairs = 16 bf16 of each row
       __m256 r8[8];
-      for (int r = 0; r < 8; ++r) r8[r] = _mm256_loadu_ps(rows[r] + c);
+      for (int r = 0; r < 8; ++r) r8[r] = _mm256_loadu_ps(reinterpret_cast<const float*>(rows[r]) + c);
       radixlm_gemm::transpose8x8_store(r8, dst + c * BLOCK + j, BLOCK);
     }
-  }
+  });
   load_values<at::BFloat16>(vh, slot_row, j0, n, d, vblock, vrows);
 }
 
