@@ -185,11 +185,27 @@ inline void prefetch_keys_l2(const T* kh, const T* vh, const int64_t* slot_row, 
   }
 }
 
-// Pointers to the fp32 V rows of keys [j0, j0 + n) (converted into vblock unless the pool is fp32),
-// prefetched a few rows ahead.
+// A key block's V rows: fp32 rows (`f`: converted into the item's vblock by load_values, or the pool's
+// own rows when it is fp32) or, for an item of one query row (a decode step), the pool's rows as they
+// are (`raw`, widened in registers where they are used). The widening is exact, so both give the same
+// values and the same result; `raw` only saves storing and reloading a row that one row reads once.
+template <typename T>
+struct ValueRows {
+  const float* f[BLOCK];
+  const T* raw[BLOCK];
+  bool direct = false;
+};
+
+// The V rows of keys [j0, j0 + n): the pool's rows if v.direct (for_key_octets prefetched them), else
+// fp32 rows (converted into vblock unless the pool is fp32), prefetched a few rows ahead.
 template <typename T>
 inline void load_values(const T* vh, const int64_t* slot_row, int64_t j0, int64_t n, int64_t d,
-                        std::vector<float>& vblock, const float** vrows) {
+                        std::vector<float>& vblock, ValueRows<T>& v) {
+  if (v.direct) {
+    for (int64_t j = 0; j < n; ++j) v.raw[j] = vh + slot_row[j0 + j] * d;
+    return;
+  }
+  const float** vrows = v.f;
   constexpr int64_t kAhead = 16;
   for (int64_t j = 0; j < std::min(n, kAhead); ++j) prefetch_row(vh + slot_row[j0 + j] * d, d);
   for (int64_t j = 0; j < n; ++j) {
@@ -198,19 +214,45 @@ inline void load_values(const T* vh, const int64_t* slot_row, int64_t j0, int64_
   }
 }
 
+// One vector of fp32 values from p[0 .. Vec::size()) (exact widening of bf16 / fp16).
+inline Vec load_as_vec(const float* p) { return Vec::loadu(p); }
+template <typename T>
+inline Vec load_as_vec(const T* p) {
+#if defined(CPU_CAPABILITY_AVX512)
+  if constexpr (std::is_same_v<T, at::BFloat16>) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return Vec(_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)));
+  } else {
+    return Vec(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))));
+  }
+#elif defined(CPU_CAPABILITY_AVX2)
+  return Vec(load8_as_float(p));
+#else
+  float buf[Vec::size()];
+  for (int64_t i = 0; i < Vec::size(); ++i) buf[i] = static_cast<float>(p[i]);
+  return Vec::loadu(buf);
+#endif
+}
+
 #if defined(CPU_CAPABILITY_AVX2) || defined(CPU_CAPABILITY_AVX512)
 // fn(j, rows) for j = 0, 8, ... over keys [j0, j0 + n) padded to a whole vector of keys: rows[r] is
 // key j0 + j + r's K row (d <= 256 elements; a zero row past n). K/V rows sit wherever the slots are:
 // the rows are asked for a few steps ahead of their use, so the loads of a decode step (which streams
 // the whole KV cache once) overlap instead of queueing.
+// With `vh` (V rows the caller reads from the pool itself), the same keys' V rows are asked for too.
 template <typename T, typename Fn>
-inline void for_key_octets(const T* kh, const int64_t* slot_row, int64_t j0, int64_t n, int64_t d, Fn&& fn) {
+inline void for_key_octets(const T* kh, const T* vh, const int64_t* slot_row, int64_t j0, int64_t n, int64_t d,
+                           Fn&& fn) {
   static thread_local T zeros[256] = {};
   const int64_t padded = (n + Vec::size() - 1) / Vec::size() * Vec::size();
   constexpr int64_t kAhead = 16;
-  for (int64_t j = 0; j < std::min(n, kAhead); ++j) prefetch_row(kh + slot_row[j0 + j] * d, d);
+  auto ask = [&](int64_t a) {
+    prefetch_row(kh + slot_row[j0 + a] * d, d);
+    if (vh != nullptr) prefetch_row(vh + slot_row[j0 + a] * d, d);
+  };
+  for (int64_t j = 0; j < std::min(n, kAhead); ++j) ask(j);
   for (int64_t j = 0; j < padded; j += 8) {
-    for (int64_t a = j + kAhead; a < std::min(n, j + kAhead + 8); ++a) prefetch_row(kh + slot_row[j0 + a] * d, d);
+    for (int64_t a = j + kAhead; a < std::min(n, j + kAhead + 8); ++a) ask(a);
     const T* rows[8];
     for (int r = 0; r < 8; ++r) rows[r] = j + r < n ? kh + slot_row[j0 + j + r] * d : zeros;
     fn(j, rows);
@@ -224,22 +266,21 @@ inline void for_key_octets(const T* kh, const int64_t* slot_row, int64_t j0, int
 // moved (and widened exactly), not computed, so both ways give the same kT.
 template <typename T>
 inline void load_block(const T* kh, const T* vh, const int64_t* slot_row, int64_t j0, int64_t n, int64_t d,
-                       float* kT, std::vector<float>& vblock, const float** vrows) {
+                       float* kT, std::vector<float>& vblock, ValueRows<T>& v) {
 #if defined(CPU_CAPABILITY_AVX2) || defined(CPU_CAPABILITY_AVX512)
   if (d % 8 == 0 && d <= 256) {
-    for_key_octets<T>(kh, slot_row, j0, n, d, [&](int64_t j, const T* const* rows) {
+    for_key_octets<T>(kh, v.direct ? vh : nullptr, slot_row, j0, n, d, [&](int64_t j, const T* const* rows) {
       for (int64_t c = 0; c < d; c += 8) transpose8x8<T>(rows, c, kT + c * BLOCK + j, BLOCK);
     });
-    load_values<T>(vh, slot_row, j0, n, d, vblock, vrows);
+    load_values<T>(vh, slot_row, j0, n, d, vblock, v);
     return;
   }
 #endif
   for (int64_t j = 0; j < n; ++j) {
-    const int64_t slot = slot_row[j0 + j];
-    const T* kr = kh + slot * d;
+    const T* kr = kh + slot_row[j0 + j] * d;
     for (int64_t i = 0; i < d; ++i) kT[i * BLOCK + j] = static_cast<float>(kr[i]);
-    vrows[j] = as_float<T>(vh + slot * d, vblock.data() + j * d, d);
   }
+  load_values<T>(vh, slot_row, j0, n, d, vblock, v);
   const int64_t padded = (n + Vec::size() - 1) / Vec::size() * Vec::size();
   for (int64_t i = 0; i < d; ++i) std::fill(kT + i * BLOCK + n, kT + i * BLOCK + padded, 0.f);
 }
@@ -261,16 +302,18 @@ inline bool bf16_pair_scores(int64_t d) {
 // (k_j[2i], k_j[2i + 1]) for i < d / 2, zero-padded to a whole vector of keys; V rows as in load_block.
 // The pairs are moved as 32-bit lanes with the same 8 x 8 transpose (bits, not values).
 inline void load_block_pairs(const at::BFloat16* kh, const at::BFloat16* vh, const int64_t* slot_row, int64_t j0,
-                             int64_t n, int64_t d, uint32_t* kP, std::vector<float>& vblock, const float** vrows) {
+                             int64_t n, int64_t d, uint32_t* kP, std::vector<float>& vblock,
+                             ValueRows<at::BFloat16>& v) {
   float* dst = reinterpret_cast<float*>(kP);
-  for_key_octets<at::BFloat16>(kh, slot_row, j0, n, d, [&](int64_t j, const at::BFloat16* const* rows) {
+  for_key_octets<at::BFloat16>(kh, v.direct ? vh : nullptr, slot_row, j0, n, d,
+                               [&](int64_t j, const at::BFloat16* const* rows) {
     for (int64_t c = 0; c < d / 2; c += 8) {  // c counts pairs: 8 pairs = 16 bf16 of each row
       __m256 r8[8];
       for (int r = 0; r < 8; ++r) r8[r] = _mm256_loadu_ps(reinterpret_cast<const float*>(rows[r]) + c);
       radixlm_gemm::transpose8x8_store(r8, dst + c * BLOCK + j, BLOCK);
     }
   });
-  load_values<at::BFloat16>(vh, slot_row, j0, n, d, vblock, vrows);
+  load_values<at::BFloat16>(vh, slot_row, j0, n, d, vblock, v);
 }
 
 // Scores of NQ query vectors (bf16 rows qv, stride d, read as d / 2 pairs) against NV vectors of keys
@@ -329,14 +372,14 @@ inline void scores_tile(const float* qv, int64_t d, const float* kT, int64_t jv,
 
 // a_q[c .. c + NV * Vec::size()) += sum_j p_q[j] * v_j[...] for NQ queries (a stride d, p stride
 // BLOCK): one multiply-add chain over the keys per element, whatever NQ and NV are.
-template <int NQ, int NV>
-inline void accumulate_tile(float* a, int64_t d, const float* p, const float* const* vrows, int64_t n, int64_t c) {
+template <int NQ, int NV, typename VT>
+inline void accumulate_tile(float* a, int64_t d, const float* p, const VT* const* vrows, int64_t n, int64_t c) {
   Vec acc[NQ][NV];
   for (int q = 0; q < NQ; ++q)
     for (int v = 0; v < NV; ++v) acc[q][v] = Vec::loadu(a + q * d + c + v * Vec::size());
   for (int64_t j = 0; j < n; ++j) {
     Vec x[NV];
-    for (int v = 0; v < NV; ++v) x[v] = Vec::loadu(vrows[j] + c + v * Vec::size());
+    for (int v = 0; v < NV; ++v) x[v] = load_as_vec(vrows[j] + c + v * Vec::size());
     for (int q = 0; q < NQ; ++q) {
       const Vec pj(p[q * BLOCK + j]);
       for (int v = 0; v < NV; ++v) acc[q][v] = at::vec::fmadd(pj, x[v], acc[q][v]);
@@ -357,31 +400,33 @@ inline void scores_queries(const float* qv, int64_t d, const float* kT, int64_t 
   for (; jv < n; jv += W) scores_tile<NQ, 1>(qv, d, kT, jv, s);  // pad keys are zeros; their scores unused
 }
 
-template <int NQ>
-inline void accumulate_queries(float* a, int64_t d, const float* p, const float* const* vrows, int64_t n) {
+template <int NQ, typename VT>
+inline void accumulate_queries(float* a, int64_t d, const float* p, const VT* const* vrows, int64_t n) {
   constexpr int64_t W = Vec::size();
   int64_t c = 0;
   if constexpr (NQ <= 3) {
-    for (; c + 4 * W <= d; c += 4 * W) accumulate_tile<NQ, 4>(a, d, p, vrows, n, c);
+    for (; c + 4 * W <= d; c += 4 * W) accumulate_tile<NQ, 4, VT>(a, d, p, vrows, n, c);
   }
-  for (; c + 2 * W <= d; c += 2 * W) accumulate_tile<NQ, 2>(a, d, p, vrows, n, c);
-  for (; c + W <= d; c += W) accumulate_tile<NQ, 1>(a, d, p, vrows, n, c);
+  for (; c + 2 * W <= d; c += 2 * W) accumulate_tile<NQ, 2, VT>(a, d, p, vrows, n, c);
+  for (; c + W <= d; c += W) accumulate_tile<NQ, 1, VT>(a, d, p, vrows, n, c);
   for (; c < d; ++c) {
     for (int q = 0; q < NQ; ++q) {
       float x = a[q * d + c];
-      for (int64_t j = 0; j < n; ++j) x = std::fma(p[q * BLOCK + j], vrows[j][c], x);
+      for (int64_t j = 0; j < n; ++j) x = std::fma(p[q * BLOCK + j], static_cast<float>(vrows[j][c]), x);
       a[q * d + c] = x;
     }
   }
 }
 
-inline void softmax_accumulate(int64_t group, const float* const* vrows, int64_t n, int64_t d, float* s, float* m,
-                               float* l, float* a);
+template <typename T>
+inline void softmax_accumulate(int64_t group, const ValueRows<T>& v, int64_t n, int64_t d, float* s, float* m, float* l,
+                               float* a);
 
 // One key block for the G query vectors of one query row (qv (G, D), scores s (G, BLOCK), state m, l
 // (G,) and a (G, D)): the step every row runs for every block it sees, in every pass, so where a
 // row is computed never changes its result. kT is the block's transposed K.
-inline void row_step(const float* qv, int64_t group, const float* kT, const float* const* vrows, int64_t n, int64_t d,
+template <typename T>
+inline void row_step(const float* qv, int64_t group, const float* kT, const ValueRows<T>& v, int64_t n, int64_t d,
                      float* s, float* m, float* l, float* a) {
   for (int64_t q0 = 0; q0 < group; q0 += 4) {
     const float* qq = qv + q0 * d;
@@ -393,13 +438,13 @@ inline void row_step(const float* qv, int64_t group, const float* kT, const floa
       default: scores_queries<1>(qq, d, kT, n, sq); break;
     }
   }
-  softmax_accumulate(group, vrows, n, d, s, m, l, a);
+  softmax_accumulate<T>(group, v, n, d, s, m, l, a);
 }
 
 #ifdef CPU_CAPABILITY_AVX512
 // row_step on the pair path: qv the row's G bf16 query vectors (unscaled, read as pairs), kP the block's
 // pair-transposed K; the softmax and the accumulation are the same.
-inline void row_step_pairs(const uint32_t* qv, int64_t group, const uint32_t* kP, const float* const* vrows, int64_t n,
+inline void row_step_pairs(const uint32_t* qv, int64_t group, const uint32_t* kP, const ValueRows<at::BFloat16>& v, int64_t n,
                            int64_t d, float scaling, float* s, float* m, float* l, float* a) {
   const int64_t half = d / 2;
   for (int64_t q0 = 0; q0 < group; q0 += 4) {
@@ -412,26 +457,14 @@ inline void row_step_pairs(const uint32_t* qv, int64_t group, const uint32_t* kP
       default: pair_scores_queries<1>(qq, half, kP, n, scaling, sq); break;
     }
   }
-  softmax_accumulate(group, vrows, n, d, s, m, l, a);
+  softmax_accumulate<at::BFloat16>(group, v, n, d, s, m, l, a);
 }
 #endif
 
 // The online-softmax update of G query vectors from their scores s (G, BLOCK) over n keys, then
 // a += p * v; s is overwritten with p.
-inline void softmax_accumulate(int64_t group, const float* const* vrows, int64_t n, int64_t d, float* s, float* m,
-                               float* l, float* a) {
-  for (int64_t q = 0; q < group; ++q) {
-    float* sq = s + q * BLOCK;
-    const float bmax = block_max(sq, n);
-    const float mnew = std::max(m[q], bmax);
-    if (m[q] != -std::numeric_limits<float>::infinity() && mnew != m[q]) {
-      const float corr = std::exp(m[q] - mnew);
-      l[q] *= corr;
-      scale(a + q * d, corr, d);
-    }
-    m[q] = mnew;
-    l[q] += exp_sub_sum(sq, mnew, n);
-  }
+template <typename VT>
+inline void accumulate_rows(int64_t group, const VT* const* vrows, int64_t n, int64_t d, const float* s, float* a) {
   for (int64_t q0 = 0; q0 < group; q0 += 4) {
     float* aq = a + q0 * d;
     const float* pq = s + q0 * BLOCK;
@@ -444,35 +477,56 @@ inline void softmax_accumulate(int64_t group, const float* const* vrows, int64_t
   }
 }
 
+template <typename T>
+inline void softmax_accumulate(int64_t group, const ValueRows<T>& v, int64_t n, int64_t d, float* s, float* m, float* l,
+                               float* a) {
+  for (int64_t q = 0; q < group; ++q) {
+    float* sq = s + q * BLOCK;
+    const float bmax = block_max(sq, n);
+    const float mnew = std::max(m[q], bmax);
+    if (m[q] != -std::numeric_limits<float>::infinity() && mnew != m[q]) {
+      const float corr = std::exp(m[q] - mnew);
+      l[q] *= corr;
+      scale(a + q * d, corr, d);
+    }
+    m[q] = mnew;
+    l[q] += exp_sub_sum(sq, mnew, n);
+  }
+  if constexpr (!std::is_same_v<T, float>) {
+    if (v.direct) return accumulate_rows<T>(group, v.raw, n, d, s, a);
+  }
+  accumulate_rows<float>(group, v.f, n, d, s, a);
+}
+
 // A key block for either score path (`pairs`: a bf16 pool on the pair path, see bf16_pair_scores).
 template <typename T>
 inline void load_block_for(bool pairs, const T* kh, const T* vh, const int64_t* slot_row, int64_t j0, int64_t n,
-                           int64_t d, float* kblock, std::vector<float>& vblock, const float** vrows) {
+                           int64_t d, float* kblock, std::vector<float>& vblock, ValueRows<T>& v) {
 #ifdef CPU_CAPABILITY_AVX512
   if constexpr (std::is_same_v<T, at::BFloat16>) {
-    if (pairs) return load_block_pairs(kh, vh, slot_row, j0, n, d, reinterpret_cast<uint32_t*>(kblock), vblock, vrows);
+    if (pairs) return load_block_pairs(kh, vh, slot_row, j0, n, d, reinterpret_cast<uint32_t*>(kblock), vblock, v);
   }
 #endif
   (void)pairs;
-  load_block<T>(kh, vh, slot_row, j0, n, d, kblock, vblock, vrows);
+  load_block<T>(kh, vh, slot_row, j0, n, d, kblock, vblock, v);
 }
 
 // One row's step on either path: qrow is the row's G query vectors in the pool dtype (the pair path
 // reads them), qf_row the same scaled to fp32 (the fp32 path reads them; unset on the pair path).
 template <typename T>
 inline void row_step_for(bool pairs, const T* qrow, const float* qf_row, int64_t group, const float* kblock,
-                         const float* const* vrows, int64_t n, int64_t d, float scaling, float* s, float* m, float* l,
+                         const ValueRows<T>& v, int64_t n, int64_t d, float scaling, float* s, float* m, float* l,
                          float* a) {
 #ifdef CPU_CAPABILITY_AVX512
   if constexpr (std::is_same_v<T, at::BFloat16>) {
     if (pairs) {
       return row_step_pairs(reinterpret_cast<const uint32_t*>(qrow), group, reinterpret_cast<const uint32_t*>(kblock),
-                            vrows, n, d, scaling, s, m, l, a);
+                            v, n, d, scaling, s, m, l, a);
     }
   }
 #endif
   (void)pairs, (void)qrow, (void)scaling;
-  row_step(qf_row, group, kblock, vrows, n, d, s, m, l, a);
+  row_step<T>(qf_row, group, kblock, v, n, d, s, m, l, a);
 }
 
 // Query vectors of flat rows `qrows[0..n)` for KV head h, scaled, into qf (n * G, D).
@@ -506,13 +560,14 @@ void attend_shared(bool pairs, const int64_t* qrows, int64_t n, int64_t h, const
   }
   const T* kh = kp + h * slots * d;
   const T* vh = vp + h * slots * d;
+  ValueRows<T> v;
+  v.direct = n == 1 && !std::is_same_v<T, float>;
   for (int64_t j0 = 0; j0 < plen; j0 += BLOCK) {
-    const float* vrows[BLOCK];
     if (j0 + BLOCK < plen) prefetch_keys_l2(kh, vh, slot_row, j0 + BLOCK, std::min(plen, j0 + 2 * BLOCK), d);
-    load_block_for<T>(pairs, kh, vh, slot_row, j0, BLOCK, d, kblock.data(), vblock, vrows);
+    load_block_for<T>(pairs, kh, vh, slot_row, j0, BLOCK, d, kblock.data(), vblock, v);
     for (int64_t r = 0; r < n; ++r) {
       const int64_t sq = qrows[r] * heads + h * group;  // the row's G query vectors are contiguous in q and st
-      row_step_for<T>(pairs, qp + sq * d, qf.data() + r * group * d, group, kblock.data(), vrows, BLOCK, d, scaling,
+      row_step_for<T>(pairs, qp + sq * d, qf.data() + r * group * d, group, kblock.data(), v, BLOCK, d, scaling,
                       scores.data(), st.m + sq, st.l + sq, st.acc + sq * d);
     }
   }
@@ -552,18 +607,19 @@ void attend_item(bool pairs, const Item& it, const T* qp, const T* kp, const T* 
   const T* kh = kp + it.h * slots * d;
   const T* vh = vp + it.h * slots * d;
   const int64_t last_len = prefix + it.row0 + it.rows;  // keys seen by the item's last row
+  ValueRows<T> v;
+  v.direct = it.rows == 1 && !std::is_same_v<T, float>;
   for (int64_t j0 = key_begin; j0 < last_len; j0 += BLOCK) {
     const int64_t nblock = std::min(BLOCK, last_len - j0);
-    const float* vrows[BLOCK];
     if (j0 + BLOCK < last_len) prefetch_keys_l2(kh, vh, slot_row, j0 + BLOCK, std::min(last_len, j0 + 2 * BLOCK), d);
-    load_block_for<T>(pairs, kh, vh, slot_row, j0, nblock, d, kblock.data(), vblock, vrows);
+    load_block_for<T>(pairs, kh, vh, slot_row, j0, nblock, d, kblock.data(), vblock, v);
     for (int64_t r = 0; r < it.rows; ++r) {
       const int64_t len = prefix + it.row0 + r + 1;
       if (len <= j0) continue;
       const int64_t n = std::min(BLOCK, len - j0);
       const int64_t qi = r * group;
       row_step_for<T>(pairs, qp + (qrows[r] * heads + it.h * group) * d, qf.data() + qi * d, group, kblock.data(),
-                      vrows, n, d, scaling, scores.data(), m.data() + qi, l.data() + qi, acc.data() + qi * d);
+                      v, n, d, scaling, scores.data(), m.data() + qi, l.data() + qi, acc.data() + qi * d);
     }
   }
   for (int64_t r = 0; r < it.rows; ++r) {
