@@ -39,6 +39,7 @@ from typing import Optional, Union
 
 import torch
 
+from radixlm.kernels.argmax import argmax_rows
 from radixlm.srt.sampling_params import SamplingParams
 
 _TOP_P_SLACK = 1e-6
@@ -299,7 +300,7 @@ def sample(logits: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
         exactly. Other rows: temperature -> softmax -> top-k / top-p / min-p -> exponential race.
     """
     if info.is_all_greedy:
-        return torch.argmax(logits, dim=-1)
+        return argmax_rows(logits)
     probs = torch.softmax(logits.float() / info.temperatures, dim=-1)
     if info.need_top_p:
         probs = _top_k_top_p_sorted(probs, info.top_ks, info.top_ps)
@@ -309,9 +310,9 @@ def sample(logits: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
         max_p = probs.amax(dim=-1, keepdim=True)  # the top token survives top-k/top-p
         probs.masked_fill_(probs < info.min_ps.unsqueeze(1) * max_p, 0.0)
     # Exponential race: the argmax is invariant to per-row scaling, so no renormalisation is needed.
-    sampled = torch.argmax(probs.div_(_exponential_noise(probs.shape, info, probs.device)), dim=-1)
+    sampled = argmax_rows(probs.div_(_exponential_noise(probs.shape, info, probs.device)))
     if info.has_greedy:
-        return torch.where(info.greedy_mask, torch.argmax(logits, dim=-1), sampled)
+        return torch.where(info.greedy_mask, argmax_rows(logits), sampled)
     return sampled
 
 
