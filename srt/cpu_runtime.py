@@ -6,13 +6,16 @@
   runs several times faster than fp32 (measured 948 vs 187 GFLOP/s on a 2-core Xeon with AMX). There
   ``--dtype auto`` means bfloat16; elsewhere bf16 is emulated and slower, so it means float32.
 - ``openmp_env()``: the OpenMP settings children get, unless the user set ``OMP_WAIT_POLICY``:
-  ``OMP_WAIT_POLICY=ACTIVE`` with ``GOMP_SPINCOUNT=3000``, a short bounded spin. A decode step is
+  ``OMP_WAIT_POLICY=ACTIVE`` with ``GOMP_SPINCOUNT=10000``, a short bounded spin. A decode step is
   ~150 small parallel regions; with GNU OpenMP's default (a ~300k-iteration spin at every barrier) a
   machine whose cores are also busy made each region wait for a descheduled thread (SmolLM2 batch-1
   decode on 2 cores beside another job: 754 ms per step, 63 ms with PASSIVE), while PASSIVE (no spin)
   pays a futex wake-up per region: on a quiet 2-core AMD EPYC (Zen 5) the server's batch-1 inter-token
   latency was 19-21 ms with PASSIVE and 9.3-9.6 ms with the bounded spin (in-process: 10.6 ms);
-  beside two busy processes 16-24 ms passive vs 25-42 ms spinning (docs/benchmarks.md). Set
+  beside two busy processes 16-24 ms passive vs 25-42 ms spinning (docs/benchmarks.md). The spin is
+  counted in iterations, whose length varies by CPU: on a 2-core Intel Xeon with AMX 3000 was too short
+  (the worker slept between regions: bf16 batch-1 step 31 ms vs 22.6 with 10000, batch 64 73 vs 60 ms;
+  beside two busy processes batch 1 73 vs 48-50 ms, batch 64 131-192 vs 134-202 ms), so 10000. Set
   ``OMP_WAIT_POLICY=PASSIVE`` on a machine that is always shared. It only takes effect in a process
   whose OpenMP runtime has not started yet (set before torch is imported), so the launcher sets it for
   the scheduler processes it spawns.
@@ -30,6 +33,8 @@ from typing import Optional
 RELEVANT_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni", "avx_vnni",
                   "amx_bf16", "amx_int8", "amx_tile")
 BF16_FLAGS = ("amx_bf16", "avx512_bf16")
+# GNU OpenMP spin iterations at a barrier before a thread sleeps (see openmp_env).
+DEFAULT_SPINCOUNT = 10000
 
 
 @dataclass(frozen=True)
@@ -90,12 +95,12 @@ def prefers_bf16(info: CpuInfo) -> bool:
 
 
 def openmp_env(environ: Optional[dict[str, str]] = None) -> dict[str, str]:
-    """Variables to add to a child's environment: ``OMP_WAIT_POLICY=ACTIVE`` and ``GOMP_SPINCOUNT=3000``
+    """Variables to add to a child's environment: ``OMP_WAIT_POLICY=ACTIVE`` and ``GOMP_SPINCOUNT=10000``
     (a short bounded spin) unless the user set ``OMP_WAIT_POLICY``; a user's ``GOMP_SPINCOUNT`` is kept."""
     environ = os.environ if environ is None else environ
     if environ.get("OMP_WAIT_POLICY"):
         return {}
-    return {"OMP_WAIT_POLICY": "ACTIVE", **({} if environ.get("GOMP_SPINCOUNT") else {"GOMP_SPINCOUNT": "3000"})}
+    return {"OMP_WAIT_POLICY": "ACTIVE", **({} if environ.get("GOMP_SPINCOUNT") else {"GOMP_SPINCOUNT": str(DEFAULT_SPINCOUNT)})}
 
 
 def cpu_threads(requested: Optional[int], tp_size: int, environ: Optional[dict[str, str]] = None,

@@ -57,7 +57,7 @@ def test_cpu_threads_precedence():
 
 
 def test_openmp_env_keeps_the_users_choice():
-    assert openmp_env({}) == {"OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": "3000"}
+    assert openmp_env({}) == {"OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": "10000"}
     assert openmp_env({"GOMP_SPINCOUNT": "100"}) == {"OMP_WAIT_POLICY": "ACTIVE"}
     assert openmp_env({"OMP_WAIT_POLICY": "PASSIVE"}) == {}
     assert openmp_env({"OMP_WAIT_POLICY": "ACTIVE"}) == {}
