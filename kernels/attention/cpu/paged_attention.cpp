@@ -542,6 +542,8 @@ inline void load_queries(const T* qp, const int64_t* qrows, int64_t n, int64_t h
   }
 }
 
+#include "amx_attention.h"
+
 // Cascade first pass: the shared prefix (keys [0, plen), whole blocks) of one group for query rows
 // qrows[0..n) over KV head h; every row sees all of it. Leaves each query vector's state in `st`.
 template <typename T>
@@ -684,6 +686,7 @@ void attention_kernel(const at::Tensor& q, const at::Tensor& k_cache, const at::
   const int64_t* ext = extend_lens.data_ptr<int64_t>();
   const std::vector<int64_t> q_start = query_starts(q.size(0), ctx, prefix_lens, extend_lens);
   const bool pairs = std::is_same_v<T, at::BFloat16> && bf16_pair_scores(d);
+  const bool amx = std::is_same_v<T, at::BFloat16> && use_amx_attention(d);
   // Items of at most TILE query rows; assigned to threads longest-first onto the least-loaded
   // thread (LPT), so long prefills do not leave a thread idle.
   std::vector<Item> items;
@@ -736,6 +739,20 @@ void attention_kernel(const at::Tensor& q, const at::Tensor& k_cache, const at::
       }
     }
     at::parallel_for(0, shared.size(), 1, [&](int64_t begin, int64_t end) {
+#ifdef CPU_CAPABILITY_AVX512
+      if constexpr (std::is_same_v<T, at::BFloat16>) {
+        if (amx) {
+          AmxScratch sc(SHARED_TILE * group, d);
+                    for (int64_t i = begin; i < end; ++i) {
+            const auto& [g, r0, n, h] = shared[i];
+            attend_shared_amx(qrows.data() + r0, n, h, qp, kp, vp, table + rows[rq[off[g]]] * ctx, glen[g], heads, group,
+                              d, slots, static_cast<float>(scaling), st, sc);
+          }
+          amx_release();
+          return;
+        }
+      }
+#endif
       std::vector<float> qf(SHARED_TILE * group * d), kblock(BLOCK * d), vblock(BLOCK * d), scores(group * BLOCK);
       for (int64_t i = begin; i < end; ++i) {
         const auto& [g, r0, n, h] = shared[i];
@@ -745,6 +762,27 @@ void attention_kernel(const at::Tensor& q, const at::Tensor& k_cache, const at::
     });
   }
   at::parallel_for(0, nthreads, 1, [&](int64_t begin, int64_t end) {
+#ifdef CPU_CAPABILITY_AVX512
+    if constexpr (std::is_same_v<T, at::BFloat16>) {
+      if (amx) {
+        AmxScratch sc(TILE * group, d);
+                for (int64_t t = begin; t < end; ++t) {
+          for (size_t x = 0; x < assigned[t].size(); ++x) {
+            const Item& it = items[assigned[t][x]];
+            if (x + 1 < assigned[t].size()) {
+              const Item& nx = items[assigned[t][x + 1]];
+              prefetch_keys_l2(kp + nx.h * slots * d, vp + nx.h * slots * d, table + rows[nx.b] * ctx, key_begin[nx.b],
+                               std::min(pre[nx.b] + nx.row0 + nx.rows, key_begin[nx.b] + BLOCK), d);
+            }
+            attend_item_amx(it, qp, kp, vp, table + rows[it.b] * ctx, pre[it.b], key_begin[it.b], q_start[it.b], heads,
+                            group, d, slots, static_cast<float>(scaling), st, op, sc);
+          }
+        }
+        amx_release();
+        return;
+      }
+    }
+#endif
     std::vector<float> qf(TILE * group * d), acc(TILE * group * d), kblock(BLOCK * d), vblock(BLOCK * d),
         scores(group * BLOCK), m(TILE * group), l(TILE * group);
     for (int64_t t = begin; t < end; ++t) {
@@ -828,6 +866,9 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_new, const a
 // Whether bf16 pools of this head_dim compute scores on the pair path here (AVX512-BF16).
 bool attention_bf16_pairs(int64_t head_dim) { return bf16_pair_scores(head_dim); }
 
+// Whether bf16 pools of this head_dim run on the AMX path here (AMX-BF16: see amx_attention.h).
+bool attention_bf16_amx(int64_t head_dim) { return use_amx_attention(head_dim); }
+
 }  // namespace
 
 TORCH_LIBRARY(radixlm_cpu, m) {
@@ -836,4 +877,5 @@ TORCH_LIBRARY(radixlm_cpu, m) {
         "Tensor cascade_reqs, Tensor cascade_offsets, Tensor cascade_lens, float scaling) -> Tensor");
   m.impl("paged_attention", c10::DispatchKey::CPU, &paged_attention);
   m.def("attention_bf16_pairs(int head_dim) -> bool", &attention_bf16_pairs);
+  m.def("attention_bf16_amx(int head_dim) -> bool", &attention_bf16_amx);
 }

@@ -1,0 +1,324 @@
+// AMX path of the CPU paged attention (included by paged_attention.cpp inside its anonymous namespace,
+// after the block loaders and the online-softmax helpers it uses).
+//
+// On CPUs with AMX-BF16 (Intel Sapphire Rapids and later) a bf16 pool's attention runs both of its
+// matrix products on the tile unit, as FlashAttention does on tensor cores (Dao et al. 2022): per key
+// block, S = Q K^T with TDPBF16PS over the pair-transposed K block (a B tile is 16 pairs of dims x 16
+// keys: the pair path's layout), the online softmax in fp32 as elsewhere, then O += P V with P rounded
+// to bf16 (round to nearest even) and V re-laid as pairs of keys (a B tile is 16 key pairs x 16 dims).
+// One TDPBF16PS is 16 x 16 x 32 multiply-adds; the AVX-512 paths do 16 per instruction. The
+// normaliser sums the fp32 probabilities, as FlashAttention's does.
+//
+// A query vector's scores and output depend only on its own row of the Q and P tiles, and the key
+// blocks (multiples of BLOCK) and tile steps over them are the same wherever a row is computed (pad
+// keys get p = 0 and zero V rows, which add exact zeros), so a token's output stays bitwise the same
+// in a prefill, a chunk, a decode step, any batch and the cascade pass.
+
+#ifdef CPU_CAPABILITY_AVX512
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+// Whether this process can use AMX-BF16 tiles: the CPU has them and Linux grants the tile state
+// (arch_prctl ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA; oneDNN asks the same). Fixed per process.
+inline bool amx_bf16_usable() {
+  static const bool ok = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+    const bool tile = d & (1u << 24), bf16 = d & (1u << 22);
+    if (!tile || !bf16) return false;
+    constexpr long kReqXcompPerm = 0x1023, kXtiledata = 18;
+    return syscall(SYS_arch_prctl, kReqXcompPerm, kXtiledata) == 0;
+  }();
+  return ok;
+}
+
+// Whether a bf16 pool with head_dim d takes the AMX path here (d a multiple of 32: whole A tiles).
+inline bool amx_attention(int64_t d) { return amx_bf16_usable() && d % 32 == 0 && d <= 256; }
+
+constexpr int64_t AMX_ROWS = 16;  // rows of every tile (query vectors per Q / P / O tile)
+
+// Every tile 16 rows x 64 bytes (palette 1): tiles 0-3 accumulators, 4 the A operand, 6-7 B operands.
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Tiles for `rows` (1..16) query vectors per Q / P / output tile (B tiles always 16 rows). A decode
+// item has G (a few) query vectors: its tiles are that many rows, so loads and TDPBF16PS do not run
+// over 16. The rows of a tile are independent, so the row count never changes a result. The
+// configuration is per thread; amx_rows remembers it (0: not configured by this kernel call).
+inline thread_local int64_t amx_rows = 0;
+__attribute__((target("amx-tile"))) inline void amx_configure(int64_t rows) {
+  if (rows == amx_rows) return;
+  TileConfig cfg;
+  for (int t = 0; t < 8; ++t) {
+    cfg.colsb[t] = 64;
+    cfg.rows[t] = (t == 6 || t == 7) ? 16 : static_cast<uint8_t>(rows);
+  }
+  asm volatile("" : : "r"(&cfg) : "memory");  // GCC does not see ldtilecfg read cfg: keep the stores
+  _tile_loadconfig(&cfg);
+  amx_rows = rows;
+}
+
+__attribute__((target("amx-tile"))) inline void amx_release() {
+  _tile_release();
+  amx_rows = 0;
+}
+
+// Per-thread buffers of the AMX path, sized for up to `vectors` query vectors.
+struct AmxScratch {
+  int64_t mpad = 0;
+  std::vector<at::BFloat16> q, p;  // (mpad, d) queries; (mpad, BLOCK) probabilities
+  std::vector<float> s, acc, m, l; // (mpad, BLOCK) scores; (mpad, d) output accumulators; (mpad,) state
+  std::vector<uint32_t> kp, vp;    // (d / 2, BLOCK) K pairs of dims; (BLOCK / 2, d) V pairs of keys
+  std::vector<float> unused;       // load_block_pairs' fp32 V block (the AMX path reads the pool's rows)
+  AmxScratch(int64_t vectors, int64_t d)
+      : mpad((vectors + AMX_ROWS - 1) / AMX_ROWS * AMX_ROWS), q(mpad * d), p(mpad * BLOCK), s(mpad * BLOCK),
+        acc(mpad * d), m(mpad), l(mpad), kp(d / 2 * BLOCK), vp(BLOCK / 2 * d) {}
+};
+
+// vp[kp * d + c] = the pair (v_{2kp}[c], v_{2kp+1}[c]) for the block's keys (zero rows past n), up to
+// an even number of keys padded to whole 32-key steps.
+__attribute__((target("avx512f,avx512bw"))) inline void pair_values(const at::BFloat16* const* vrows, int64_t n,
+                                                                    int64_t npad, int64_t d, uint32_t* vp) {
+  static thread_local at::BFloat16 zeros[256] = {};
+  alignas(64) static const uint16_t lo_idx[32] = {0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
+                                                  8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+  alignas(64) static const uint16_t hi_idx[32] = {16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53, 22, 54, 23, 55,
+                                                  24, 56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63};
+  const __m512i lo = _mm512_load_si512(lo_idx), hi = _mm512_load_si512(hi_idx);
+  for (int64_t kp = 0; kp < npad / 2; ++kp) {
+    const at::BFloat16* r0 = 2 * kp < n ? vrows[2 * kp] : zeros;
+    const at::BFloat16* r1 = 2 * kp + 1 < n ? vrows[2 * kp + 1] : zeros;
+    uint32_t* dst = vp + kp * d;
+    for (int64_t c = 0; c < d; c += 32) {
+      const __m512i a = _mm512_loadu_si512(r0 + c), b = _mm512_loadu_si512(r1 + c);
+      _mm512_storeu_si512(dst + c, _mm512_permutex2var_epi16(a, lo, b));
+      _mm512_storeu_si512(dst + c + 16, _mm512_permutex2var_epi16(a, hi, b));
+    }
+  }
+}
+
+// p[0 .. n) = bf16(s[0 .. n)) (round to nearest even), p[n .. npad) = 0.
+__attribute__((target("avx512f,avx512bf16,avx512vl"))) inline void probs_to_bf16(const float* s, int64_t n, int64_t npad,
+                                                                                 at::BFloat16* p) {
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16) {
+    const __m256bh h = _mm512_cvtneps_pbh(_mm512_loadu_ps(s + j));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + j), (__m256i)h);
+  }
+  for (; j < n; ++j) p[j] = c10::BFloat16(s[j]);  // c10's conversion rounds to nearest even, as cvtneps
+  for (; j < npad; ++j) p[j] = c10::BFloat16(0.f);
+}
+
+// S (mpad, BLOCK) = Q (mpad, d) K^T over the block's keys [0, ncols) (16-key steps; a 64-key group
+// is computed whole, within the BLOCK columns). Tiles 0-3 accumulate four 16-key groups at once, so
+// four TDPBF16PS chains are in flight instead of one.
+__attribute__((target("amx-tile,amx-bf16"))) inline void amx_scores(const at::BFloat16* q, const uint32_t* kp,
+                                                                  int64_t mpad, int64_t ncols, int64_t d, float* s) {
+  for (int64_t mt = 0; mt < mpad; mt += amx_rows) {
+    for (int64_t c0 = 0; c0 < ncols; c0 += 64) {
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_zero(2);
+      _tile_zero(3);
+      for (int64_t ks = 0; ks < d; ks += 32) {
+        const uint32_t* b = kp + (ks / 2) * BLOCK + c0;
+        _tile_loadd(4, q + mt * d + ks, d * 2);
+        _tile_loadd(6, b, BLOCK * 4);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_loadd(7, b + 16, BLOCK * 4);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_loadd(6, b + 32, BLOCK * 4);
+        _tile_dpbf16ps(2, 4, 6);
+        _tile_loadd(7, b + 48, BLOCK * 4);
+        _tile_dpbf16ps(3, 4, 7);
+      }
+      float* out = s + mt * BLOCK + c0;
+      _tile_stored(0, out, BLOCK * 4);
+      _tile_stored(1, out + 16, BLOCK * 4);
+      _tile_stored(2, out + 32, BLOCK * 4);
+      _tile_stored(3, out + 48, BLOCK * 4);
+    }
+  }
+}
+
+// acc (mpad, d) += P (mpad, BLOCK) V over the block's keys [0, npad) (whole 32-key steps); tiles 0-3
+// hold 64 output dims at once (d a multiple of 64), else 32 at a time.
+__attribute__((target("amx-tile,amx-bf16"))) inline void amx_accumulate(const at::BFloat16* p, const uint32_t* vp,
+                                                                      int64_t mpad, int64_t npad, int64_t d,
+                                                                      float* acc) {
+  for (int64_t mt = 0; mt < mpad; mt += amx_rows) {
+    int64_t c0 = 0;
+    for (; c0 + 64 <= d; c0 += 64) {
+      float* o = acc + mt * d + c0;
+      _tile_loadd(0, o, d * 4);
+      _tile_loadd(1, o + 16, d * 4);
+      _tile_loadd(2, o + 32, d * 4);
+      _tile_loadd(3, o + 48, d * 4);
+      for (int64_t k = 0; k < npad; k += 32) {
+        const uint32_t* b = vp + (k / 2) * d + c0;
+        _tile_loadd(4, p + mt * BLOCK + k, BLOCK * 2);
+        _tile_loadd(6, b, d * 4);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_loadd(7, b + 16, d * 4);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_loadd(6, b + 32, d * 4);
+        _tile_dpbf16ps(2, 4, 6);
+        _tile_loadd(7, b + 48, d * 4);
+        _tile_dpbf16ps(3, 4, 7);
+      }
+      _tile_stored(0, o, d * 4);
+      _tile_stored(1, o + 16, d * 4);
+      _tile_stored(2, o + 32, d * 4);
+      _tile_stored(3, o + 48, d * 4);
+    }
+    for (; c0 < d; c0 += 32) {  // d % 64 == 32: the last 32 dims
+      float* o = acc + mt * d + c0;
+      _tile_loadd(0, o, d * 4);
+      _tile_loadd(1, o + 16, d * 4);
+      for (int64_t k = 0; k < npad; k += 32) {
+        const uint32_t* b = vp + (k / 2) * d + c0;
+        _tile_loadd(4, p + mt * BLOCK + k, BLOCK * 2);
+        _tile_loadd(6, b, d * 4);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_loadd(7, b + 16, d * 4);
+        _tile_dpbf16ps(1, 4, 7);
+      }
+      _tile_stored(0, o, d * 4);
+      _tile_stored(1, o + 16, d * 4);
+    }
+  }
+}
+
+// Attention of R query rows over keys [k0, k1) of KV head h (k0 a multiple of BLOCK), continuing the
+// online-softmax state in sc.m / sc.l / sc.acc (query vector r * G + g): row r sees keys [0, lens[r]).
+// sc.q holds the rows' query vectors (filled by the caller). The caller has configured the tiles.
+inline void amx_attend_rows(int64_t rows, const int64_t* lens, int64_t group, int64_t d, const at::BFloat16* kh,
+                            const at::BFloat16* vh, const int64_t* slot_row, int64_t k0, int64_t k1, float scaling,
+                            AmxScratch& sc) {
+  const int64_t nq = rows * group;
+  const int64_t mpad = nq < AMX_ROWS ? nq : (nq + AMX_ROWS - 1) / AMX_ROWS * AMX_ROWS;
+  amx_configure(std::min(nq, AMX_ROWS));
+  ValueRows<at::BFloat16> v;
+  v.direct = true;
+  for (int64_t j0 = k0; j0 < k1; j0 += BLOCK) {
+    const int64_t nblock = std::min(BLOCK, k1 - j0);
+    if (j0 + BLOCK < k1) prefetch_keys_l2(kh, vh, slot_row, j0 + BLOCK, std::min(k1, j0 + 2 * BLOCK), d);
+    load_block_pairs(kh, vh, slot_row, j0, nblock, d, sc.kp.data(), sc.unused, v);
+    const int64_t npad = (nblock + 31) / 32 * 32;
+    pair_values(v.raw, nblock, npad, d, sc.vp.data());
+    amx_scores(sc.q.data(), sc.kp.data(), mpad, (nblock + 15) / 16 * 16, d, sc.s.data());
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t n = std::min(BLOCK, lens[r] - j0);
+      for (int64_t g = 0; g < group; ++g) {
+        const int64_t qi = r * group + g;
+        float* sq = sc.s.data() + qi * BLOCK;
+        at::BFloat16* pq = sc.p.data() + qi * BLOCK;
+        if (n <= 0) {  // the row does not see this block: p = 0 adds nothing
+          std::fill(pq, pq + npad, c10::BFloat16(0.f));
+          continue;
+        }
+        scale(sq, scaling, n);
+        const float bmax = block_max(sq, n);
+        const float mnew = std::max(sc.m[qi], bmax);
+        if (sc.m[qi] != -std::numeric_limits<float>::infinity() && mnew != sc.m[qi]) {
+          const float corr = std::exp(sc.m[qi] - mnew);
+          sc.l[qi] *= corr;
+          scale(sc.acc.data() + qi * d, corr, d);
+        }
+        sc.m[qi] = mnew;
+        sc.l[qi] += exp_sub_sum(sq, mnew, n);
+        probs_to_bf16(sq, n, npad, pq);
+      }
+    }
+    for (int64_t qi = nq; qi < mpad; ++qi) {  // pad vectors: p = 0 (their accumulators are never read)
+      std::fill(sc.p.data() + qi * BLOCK, sc.p.data() + qi * BLOCK + npad, c10::BFloat16(0.f));
+    }
+    amx_accumulate(sc.p.data(), sc.vp.data(), mpad, npad, d, sc.acc.data());
+  }
+}
+
+// The rows' G query vectors each into sc.q (query vector r * G + g).
+inline void amx_load_queries(const at::BFloat16* qp, const int64_t* qrows, int64_t rows, int64_t h, int64_t heads,
+                             int64_t group, int64_t d, AmxScratch& sc) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const at::BFloat16* src = qp + (qrows[r] * heads + h * group) * d;  // a row's G vectors are contiguous
+    std::copy(src, src + group * d, sc.q.data() + r * group * d);
+  }
+}
+
+// attend_shared on the AMX path: the cascade's prefix pass for query rows qrows[0..n) (n <= SHARED_TILE).
+inline void attend_shared_amx(const int64_t* qrows, int64_t n, int64_t h, const at::BFloat16* qp,
+                              const at::BFloat16* kp, const at::BFloat16* vp, const int64_t* slot_row, int64_t plen,
+                              int64_t heads, int64_t group, int64_t d, int64_t slots, float scaling, RowState st,
+                              AmxScratch& sc) {
+  amx_load_queries(qp, qrows, n, h, heads, group, d, sc);
+  const int64_t nq = n * group;
+  std::fill(sc.m.begin(), sc.m.begin() + nq, -std::numeric_limits<float>::infinity());
+  std::fill(sc.l.begin(), sc.l.begin() + nq, 0.f);
+  std::fill(sc.acc.begin(), sc.acc.begin() + nq * d, 0.f);
+  int64_t lens[SHARED_TILE];
+  std::fill(lens, lens + n, plen);
+  amx_attend_rows(n, lens, group, d, kp + h * slots * d, vp + h * slots * d, slot_row, 0, plen, scaling, sc);
+  for (int64_t r = 0; r < n; ++r) {
+    for (int64_t g = 0; g < group; ++g) {
+      const int64_t qi = r * group + g, sq = qrows[r] * heads + h * group + g;
+      st.m[sq] = sc.m[qi];
+      st.l[sq] = sc.l[qi];
+      std::copy(sc.acc.data() + qi * d, sc.acc.data() + (qi + 1) * d, st.acc + sq * d);
+    }
+  }
+}
+
+// attend_item on the AMX path.
+inline void attend_item_amx(const Item& it, const at::BFloat16* qp, const at::BFloat16* kp, const at::BFloat16* vp,
+                            const int64_t* slot_row, int64_t prefix, int64_t key_begin, int64_t q_row0, int64_t heads,
+                            int64_t group, int64_t d, int64_t slots, float scaling, RowState st, at::BFloat16* op,
+                            AmxScratch& sc) {
+  const int64_t nq = it.rows * group;
+  int64_t qrows[TILE], lens[TILE];
+  for (int64_t r = 0; r < it.rows; ++r) {
+    qrows[r] = q_row0 + it.row0 + r;
+    lens[r] = prefix + it.row0 + r + 1;
+  }
+  amx_load_queries(qp, qrows, it.rows, it.h, heads, group, d, sc);
+  if (key_begin == 0) {
+    std::fill(sc.m.begin(), sc.m.begin() + nq, -std::numeric_limits<float>::infinity());
+    std::fill(sc.l.begin(), sc.l.begin() + nq, 0.f);
+    std::fill(sc.acc.begin(), sc.acc.begin() + nq * d, 0.f);
+  } else {
+    for (int64_t r = 0; r < it.rows; ++r) {
+      for (int64_t g = 0; g < group; ++g) {
+        const int64_t qi = r * group + g, sq = qrows[r] * heads + it.h * group + g;
+        sc.m[qi] = st.m[sq];
+        sc.l[qi] = st.l[sq];
+        std::copy(st.acc + sq * d, st.acc + (sq + 1) * d, sc.acc.data() + qi * d);
+      }
+    }
+  }
+  amx_attend_rows(it.rows, lens, group, d, kp + it.h * slots * d, vp + it.h * slots * d, slot_row, key_begin,
+                  prefix + it.row0 + it.rows, scaling, sc);
+  for (int64_t r = 0; r < it.rows; ++r) {
+    for (int64_t g = 0; g < group; ++g) {
+      const int64_t qi = r * group + g;
+      at::BFloat16* dst = op + (qrows[r] * heads + it.h * group + g) * d;
+      const float inv = 1.f / sc.l[qi];
+      for (int64_t i = 0; i < d; ++i) dst[i] = static_cast<at::BFloat16>(sc.acc[qi * d + i] * inv);
+    }
+  }
+}
+#endif
+
+// Whether a bf16 pool with head_dim d runs on the AMX path in this build and process.
+inline bool use_amx_attention(int64_t d) {
+#ifdef CPU_CAPABILITY_AVX512
+  return amx_attention(d);
+#else
+  (void)d;
+  return false;
+#endif
+}
