@@ -42,7 +42,9 @@ def test_smollm2_bf16_is_batch_invariant_and_matches_transformers_up_to_near_tie
     for P V), elsewhere on the AVX-512 / AVX2 paths. With --enable-deterministic-inference, greedy
     output of a batch with chunked prefill and a cached second pass equals one prompt at a time
     (oneDNN's bf16 GEMM, the default, is not batch-invariant); by default it differs from
-    transformers bf16 only at near-ties (the gap printed; the rule of tests/engine/test_bf16.py)."""
+    transformers bf16 only at near-ties (the gap printed; the rule of tests/engine/test_bf16.py, where
+    a gap of one bf16 step of the logits also counts: SmolLM2's top logits reach 16-32, where bf16
+    cannot tell logits 0.125 apart)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -75,11 +77,15 @@ def test_smollm2_bf16_is_batch_invariant_and_matches_transformers_up_to_near_tie
             continue
         k = next(i for i, (a, b) in enumerate(zip(ours, ref)) if a != b)
         with torch.no_grad():
-            hf_gap = _top2_gap(torch.log_softmax(hf(torch.tensor([ids + ref[:k]])).logits[0, -1].float(), -1))
+            hf_logits = hf(torch.tensor([ids + ref[:k]])).logits[0, -1].float()
+        hf_gap = _top2_gap(torch.log_softmax(hf_logits, -1))
+        # both models' logits are bf16: two logits one bf16 step apart (0.125 for |logit| in [16, 32))
+        # are as close as bf16 can tell, a tie at that resolution even where that step exceeds NEAR_TIE
+        ulp = 2.0 ** (int(torch.floor(torch.log2(hf_logits.abs().max()))) - 7)
         out = engine.generate(input_ids=ids + ours[:k], sampling_params={"temperature": 0, "max_new_tokens": 1},
                               return_logprob=True, top_logprobs_num=2)
         top = out["meta_info"]["output_top_logprobs"][0]
         our_gap = float(top[0][0] - top[1][0])
         print(f"divergence at output {k}: ours {ours[k]} (gap {our_gap:.4f}) vs transformers {ref[k]} "
-              f"(gap {hf_gap:.4f})")
-        assert min(our_gap, hf_gap) < NEAR_TIE, (k, our_gap, hf_gap)
+              f"(gap {hf_gap:.4f}; bf16 logit step {ulp})")
+        assert min(our_gap, hf_gap) < NEAR_TIE or min(our_gap, hf_gap) <= ulp, (k, our_gap, hf_gap, ulp)

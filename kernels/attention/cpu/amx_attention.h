@@ -5,7 +5,8 @@
 // matrix products on the tile unit, as FlashAttention does on tensor cores (Dao et al. 2022): per key
 // block, S = Q K^T with TDPBF16PS over the pair-transposed K block (a B tile is 16 pairs of dims x 16
 // keys: the pair path's layout), the online softmax in fp32 as elsewhere, then O += P V with P rounded
-// to bf16 (round to nearest even) and V re-laid as pairs of keys (a B tile is 16 key pairs x 16 dims).
+// to bf16 (round to nearest even) and V re-laid as pairs of keys (a B tile is 16 key pairs x 16 dims);
+// the exponentials are a polynomial of ~1 ulp (exp_ps) instead of Sleef's.
 // One TDPBF16PS is 16 x 16 x 32 multiply-adds; the AVX-512 paths do 16 per instruction. The
 // normaliser sums the fp32 probabilities, as FlashAttention's does.
 //
@@ -102,16 +103,50 @@ __attribute__((target("avx512f,avx512bw"))) inline void pair_values(const at::BF
   }
 }
 
-// p[0 .. n) = bf16(s[0 .. n)) (round to nearest even), p[n .. npad) = 0.
-__attribute__((target("avx512f,avx512bf16,avx512vl"))) inline void probs_to_bf16(const float* s, int64_t n, int64_t npad,
-                                                                                 at::BFloat16* p) {
-  int64_t j = 0;
-  for (; j + 16 <= n; j += 16) {
-    const __m256bh h = _mm512_cvtneps_pbh(_mm512_loadu_ps(s + j));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + j), (__m256i)h);
+// The softmax of the AMX path in two passes over a query vector's n scores (the other paths make four):
+// scale_max scales them and returns their maximum; exp_to_bf16 writes p = bf16(exp(s - m)) (zero up
+// to npad) and returns the fp32 sum. exp is Cephes' single-precision polynomial (Moshier 1989;
+// ~1 ulp, far below the bf16 rounding of p that follows) with 2^n by vscalefps: about half the
+// instructions of Sleef's u10 expf, which the other paths use.
+__attribute__((target("avx512f"))) inline float scale_max(float* s, float scaling, int64_t n) {
+  const __m512 a = _mm512_set1_ps(scaling);
+  __m512 mx = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int64_t j = 0; j < n; j += 16) {
+    const __mmask16 k = n - j >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (n - j)) - 1);
+    const __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, s + j), a);
+    _mm512_mask_storeu_ps(s + j, k, x);
+    mx = _mm512_mask_max_ps(mx, k, mx, x);
   }
-  for (; j < n; ++j) p[j] = c10::BFloat16(s[j]);  // c10's conversion rounds to nearest even, as cvtneps
-  for (; j < npad; ++j) p[j] = c10::BFloat16(0.f);
+  return _mm512_reduce_max_ps(mx);
+}
+
+__attribute__((target("avx512f"))) inline __m512 exp_ps(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.33654f));  // exp of less is below FLT_MIN: a p of ~0 either way
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.f));
+  return _mm512_scalef_ps(y, n);
+}
+
+__attribute__((target("avx512f,avx512bf16,avx512vl"))) inline float exp_to_bf16(const float* s, float m, int64_t n,
+                                                                               int64_t npad, at::BFloat16* p) {
+  const __m512 vm = _mm512_set1_ps(m);
+  __m512 sum = _mm512_setzero_ps();
+  for (int64_t j = 0; j < npad; j += 16) {
+    const __mmask16 k = n - j >= 16 ? 0xFFFF : n > j ? static_cast<__mmask16>((1u << (n - j)) - 1) : 0;
+    const __m512 e = _mm512_maskz_mov_ps(k, exp_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + j), vm)));
+    sum = _mm512_add_ps(sum, e);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + j), (__m256i)_mm512_cvtneps_pbh(e));
+  }
+  return _mm512_reduce_add_ps(sum);
 }
 
 // S (mpad, BLOCK) = Q (mpad, d) K^T over the block's keys [0, ncols) (16-key steps; a 64-key group
@@ -222,8 +257,7 @@ inline void amx_attend_rows(int64_t rows, const int64_t* lens, int64_t group, in
           std::fill(pq, pq + npad, c10::BFloat16(0.f));
           continue;
         }
-        scale(sq, scaling, n);
-        const float bmax = block_max(sq, n);
+        const float bmax = scale_max(sq, scaling, n);
         const float mnew = std::max(sc.m[qi], bmax);
         if (sc.m[qi] != -std::numeric_limits<float>::infinity() && mnew != sc.m[qi]) {
           const float corr = std::exp(sc.m[qi] - mnew);
@@ -231,8 +265,7 @@ inline void amx_attend_rows(int64_t rows, const int64_t* lens, int64_t group, in
           scale(sc.acc.data() + qi * d, corr, d);
         }
         sc.m[qi] = mnew;
-        sc.l[qi] += exp_sub_sum(sq, mnew, n);
-        probs_to_bf16(sq, n, npad, pq);
+        sc.l[qi] += exp_to_bf16(sq, mnew, n, npad, pq);
       }
     }
     for (int64_t qi = nq; qi < mpad; ++qi) {  // pad vectors: p = 0 (their accumulators are never read)
