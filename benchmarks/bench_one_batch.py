@@ -29,6 +29,7 @@ import torch
 from common import print_table, random_ids, resolve_model, write_json
 
 from radixlm.managers.io_struct import TokenizedGenerateReq
+from radixlm.srt.cpu_runtime import tune_malloc
 from radixlm.srt.engine import Engine
 from radixlm.srt.sampling_params import SamplingParams
 
@@ -105,6 +106,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     ap.add_argument("--output", default="bench_results/bench_one_batch.json")
     args = ap.parse_args()
+    tune_malloc()  # as the server's scheduler process does (radixlm.srt.cpu_runtime.tune_malloc)
     if args.threads:
         torch.set_num_threads(args.threads)
     max_bs = max(args.batch_sizes)

@@ -57,7 +57,11 @@ def run_scheduler_process(server_args: "ServerArgs", paths: Optional["IpcPaths"]
     """
     import zmq
 
+    from radixlm.srt.cpu_runtime import MMAP_THRESHOLD, TRIM_THRESHOLD, tune_malloc
+
     configure_child_logging(server_args.log_level)
+    if tune_malloc():
+        logger.debug("glibc malloc: mmap threshold %d, trim threshold %d", MMAP_THRESHOLD, TRIM_THRESHOLD)
     stopping: list[int] = []
     if tp_rank == 0:
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from radixlm.srt.cpu_runtime import CpuInfo, cpu_info, cpu_threads, openmp_env, parse_cpuinfo, prefers_bf16
@@ -78,3 +79,42 @@ def test_auto_dtype_is_float32_for_weights_kept_quantized(stories_path):
     assert dtype(model_path=stories_path) == "auto"
     assert dtype(model_path=stories_path, quantization="int8", dtype="bfloat16") == "bfloat16"
     assert dtype(model_path=str(STORIES_GGUF), enable_deterministic_inference=True) == "auto"  # loads dequantized
+
+
+def test_tune_malloc_keeps_the_users_choice():
+    from radixlm.srt.cpu_runtime import tune_malloc
+
+    assert tune_malloc({"MALLOC_MMAP_THRESHOLD_": "65536"}) is False
+    assert tune_malloc({"MALLOC_TRIM_THRESHOLD_": "0"}) is False
+    assert tune_malloc({"GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=65536"}) is False
+
+
+_MMAPPED_PROBE = """
+import ctypes, sys
+from radixlm.srt.cpu_runtime import tune_malloc
+if sys.argv[1] == "tune":
+    assert tune_malloc({})
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype = ctypes.c_void_p
+p = libc.malloc(24 << 20)  # a (128, 49152) fp32 block
+size_field = ctypes.c_size_t.from_address(p - ctypes.sizeof(ctypes.c_size_t)).value
+print(size_field & 2)  # glibc's IS_MMAPPED bit of the chunk header
+"""
+
+
+def test_tune_malloc_serves_logits_sized_blocks_from_the_reused_heap():
+    """glibc maps a fresh 24 MiB block with mmap (and unmaps it on free: every decode step faulted its
+    logits' pages in again); after tune_malloc it comes from the heap, whose freed blocks are reused."""
+    import platform
+    import subprocess
+    import sys
+
+    if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
+        pytest.skip("glibc only")
+
+    def mmapped(mode: str) -> bool:
+        out = subprocess.run([sys.executable, "-c", _MMAPPED_PROBE, mode], capture_output=True, text=True, check=True)
+        return out.stdout.strip() == "2"
+
+    assert mmapped("plain")
+    assert not mmapped("tune")
