@@ -54,6 +54,18 @@ def _top2_gap(logprobs_row: torch.Tensor) -> float:
     return float(top[0] - top[1])
 
 
+def first_divergence(engine: Engine, hf, ids: list[int], ours: list[int], ref: list[int]):
+    """Where greedy ``ours`` first leaves transformers' ``ref`` after prompt ``ids``: (position k, our
+    top-2 logprob gap there, transformers' gap, transformers' logits (V,) there)."""
+    k = next(i for i, (a, b) in enumerate(zip(ours, ref)) if a != b)
+    with torch.no_grad():
+        hf_logits = hf(torch.tensor([ids + ref[:k]])).logits[0, -1].float()
+    out = engine.generate(input_ids=ids + ours[:k], sampling_params={"temperature": 0, "max_new_tokens": 1},
+                          return_logprob=True, top_logprobs_num=2)
+    top = out["meta_info"]["output_top_logprobs"][0]
+    return k, float(top[0][0] - top[1][0]), _top2_gap(torch.log_softmax(hf_logits, -1)), hf_logits
+
+
 def test_bf16_matches_transformers_up_to_near_ties(stories_path, prompts_ids, solo):
     from transformers import AutoModelForCausalLM
 
@@ -68,13 +80,7 @@ def test_bf16_matches_transformers_up_to_near_ties(stories_path, prompts_ids, so
         if ours == ref:
             continue
         divergences += 1
-        k = next(i for i, (a, b) in enumerate(zip(ours, ref)) if a != b)
-        with torch.no_grad():
-            hf_gap = _top2_gap(torch.log_softmax(hf(torch.tensor([ids + ref[:k]])).logits[0, -1].float(), -1))
-        out = engine.generate(input_ids=ids + ours[:k], sampling_params={"temperature": 0, "max_new_tokens": 1},
-                              return_logprob=True, top_logprobs_num=2)
-        top = out["meta_info"]["output_top_logprobs"][0]
-        our_gap = float(top[0][0] - top[1][0])
+        k, our_gap, hf_gap, _ = first_divergence(engine, hf, ids, ours, ref)
         print(f"divergence at output {k}: ours {ours[k]} (gap {our_gap:.4f}) vs transformers {ref[k]} "
               f"(gap {hf_gap:.4f})")
         assert min(our_gap, hf_gap) < NEAR_TIE, (k, our_gap, hf_gap)

@@ -48,7 +48,7 @@ def test_smollm2_bf16_is_batch_invariant_and_matches_transformers_up_to_near_tie
     import torch
     from transformers import AutoModelForCausalLM
 
-    from tests.engine.test_bf16 import NEAR_TIE, _top2_gap
+    from tests.engine.test_bf16 import NEAR_TIE, first_divergence
 
     max_new = 16
     sp = {"temperature": 0, "max_new_tokens": max_new, "min_new_tokens": max_new}
@@ -75,17 +75,10 @@ def test_smollm2_bf16_is_batch_invariant_and_matches_transformers_up_to_near_tie
                               do_sample=False, pad_token_id=tok.eos_token_id)[0, len(ids):].tolist()
         if ours == ref:
             continue
-        k = next(i for i, (a, b) in enumerate(zip(ours, ref)) if a != b)
-        with torch.no_grad():
-            hf_logits = hf(torch.tensor([ids + ref[:k]])).logits[0, -1].float()
-        hf_gap = _top2_gap(torch.log_softmax(hf_logits, -1))
+        k, our_gap, hf_gap, hf_logits = first_divergence(engine, hf, ids, ours, ref)
         # both models' logits are bf16: two logits one bf16 step apart (0.125 for |logit| in [16, 32))
         # are as close as bf16 can tell, a tie at that resolution even where that step exceeds NEAR_TIE
         ulp = 2.0 ** (int(torch.floor(torch.log2(hf_logits.abs().max()))) - 7)
-        out = engine.generate(input_ids=ids + ours[:k], sampling_params={"temperature": 0, "max_new_tokens": 1},
-                              return_logprob=True, top_logprobs_num=2)
-        top = out["meta_info"]["output_top_logprobs"][0]
-        our_gap = float(top[0][0] - top[1][0])
         print(f"divergence at output {k}: ours {ours[k]} (gap {our_gap:.4f}) vs transformers {ref[k]} "
               f"(gap {hf_gap:.4f}; bf16 logit step {ulp})")
         assert min(our_gap, hf_gap) < NEAR_TIE or min(our_gap, hf_gap) <= ulp, (k, our_gap, hf_gap, ulp)

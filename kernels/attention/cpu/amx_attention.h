@@ -149,6 +149,32 @@ __attribute__((target("avx512f,avx512bf16,avx512vl"))) inline float exp_to_bf16(
   return _mm512_reduce_add_ps(sum);
 }
 
+// Tiles 0-3 from / to four 16-column groups at p, p + 16, p + 32, p + 48 (row stride `stride` bytes).
+__attribute__((target("amx-tile"))) inline void load4(const float* p, int64_t stride) {
+  _tile_loadd(0, p, stride);
+  _tile_loadd(1, p + 16, stride);
+  _tile_loadd(2, p + 32, stride);
+  _tile_loadd(3, p + 48, stride);
+}
+__attribute__((target("amx-tile"))) inline void store4(float* p, int64_t stride) {
+  _tile_stored(0, p, stride);
+  _tile_stored(1, p + 16, stride);
+  _tile_stored(2, p + 32, stride);
+  _tile_stored(3, p + 48, stride);
+}
+// Tiles 0-3 += A (tile 4) x the B tiles at b, b + 16, b + 32, b + 48 (uint32 pairs, row stride `stride`
+// bytes), loaded into tiles 6 and 7 in turn.
+__attribute__((target("amx-tile,amx-bf16"))) inline void dp4(const uint32_t* b, int64_t stride) {
+  _tile_loadd(6, b, stride);
+  _tile_dpbf16ps(0, 4, 6);
+  _tile_loadd(7, b + 16, stride);
+  _tile_dpbf16ps(1, 4, 7);
+  _tile_loadd(6, b + 32, stride);
+  _tile_dpbf16ps(2, 4, 6);
+  _tile_loadd(7, b + 48, stride);
+  _tile_dpbf16ps(3, 4, 7);
+}
+
 // S (mpad, BLOCK) = Q (mpad, d) K^T over the block's keys [0, ncols) (16-key steps; a 64-key group
 // is computed whole, within the BLOCK columns). Tiles 0-3 accumulate four 16-key groups at once, so
 // four TDPBF16PS chains are in flight instead of one.
@@ -161,22 +187,10 @@ __attribute__((target("amx-tile,amx-bf16"))) inline void amx_scores(const at::BF
       _tile_zero(2);
       _tile_zero(3);
       for (int64_t ks = 0; ks < d; ks += 32) {
-        const uint32_t* b = kp + (ks / 2) * BLOCK + c0;
         _tile_loadd(4, q + mt * d + ks, d * 2);
-        _tile_loadd(6, b, BLOCK * 4);
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_loadd(7, b + 16, BLOCK * 4);
-        _tile_dpbf16ps(1, 4, 7);
-        _tile_loadd(6, b + 32, BLOCK * 4);
-        _tile_dpbf16ps(2, 4, 6);
-        _tile_loadd(7, b + 48, BLOCK * 4);
-        _tile_dpbf16ps(3, 4, 7);
+        dp4(kp + (ks / 2) * BLOCK + c0, BLOCK * 4);
       }
-      float* out = s + mt * BLOCK + c0;
-      _tile_stored(0, out, BLOCK * 4);
-      _tile_stored(1, out + 16, BLOCK * 4);
-      _tile_stored(2, out + 32, BLOCK * 4);
-      _tile_stored(3, out + 48, BLOCK * 4);
+      store4(s + mt * BLOCK + c0, BLOCK * 4);
     }
   }
 }
@@ -190,26 +204,12 @@ __attribute__((target("amx-tile,amx-bf16"))) inline void amx_accumulate(const at
     int64_t c0 = 0;
     for (; c0 + 64 <= d; c0 += 64) {
       float* o = acc + mt * d + c0;
-      _tile_loadd(0, o, d * 4);
-      _tile_loadd(1, o + 16, d * 4);
-      _tile_loadd(2, o + 32, d * 4);
-      _tile_loadd(3, o + 48, d * 4);
+      load4(o, d * 4);
       for (int64_t k = 0; k < npad; k += 32) {
-        const uint32_t* b = vp + (k / 2) * d + c0;
         _tile_loadd(4, p + mt * BLOCK + k, BLOCK * 2);
-        _tile_loadd(6, b, d * 4);
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_loadd(7, b + 16, d * 4);
-        _tile_dpbf16ps(1, 4, 7);
-        _tile_loadd(6, b + 32, d * 4);
-        _tile_dpbf16ps(2, 4, 6);
-        _tile_loadd(7, b + 48, d * 4);
-        _tile_dpbf16ps(3, 4, 7);
+        dp4(vp + (k / 2) * d + c0, d * 4);
       }
-      _tile_stored(0, o, d * 4);
-      _tile_stored(1, o + 16, d * 4);
-      _tile_stored(2, o + 32, d * 4);
-      _tile_stored(3, o + 48, d * 4);
+      store4(o, d * 4);
     }
     for (; c0 < d; c0 += 32) {  // d % 64 == 32: the last 32 dims
       float* o = acc + mt * d + c0;
@@ -290,10 +290,7 @@ inline void attend_shared_amx(const int64_t* qrows, int64_t n, int64_t h, const 
                               int64_t heads, int64_t group, int64_t d, int64_t slots, float scaling, RowState st,
                               AmxScratch& sc) {
   amx_load_queries(qp, qrows, n, h, heads, group, d, sc);
-  const int64_t nq = n * group;
-  std::fill(sc.m.begin(), sc.m.begin() + nq, -std::numeric_limits<float>::infinity());
-  std::fill(sc.l.begin(), sc.l.begin() + nq, 0.f);
-  std::fill(sc.acc.begin(), sc.acc.begin() + nq * d, 0.f);
+  start_rows(0, qrows, n, h, heads, group, d, st, sc.m, sc.l, sc.acc);
   int64_t lens[SHARED_TILE];
   std::fill(lens, lens + n, plen);
   amx_attend_rows(n, lens, group, d, kp + h * slots * d, vp + h * slots * d, slot_row, 0, plen, scaling, sc);
@@ -312,37 +309,16 @@ inline void attend_item_amx(const Item& it, const at::BFloat16* qp, const at::BF
                             const int64_t* slot_row, int64_t prefix, int64_t key_begin, int64_t q_row0, int64_t heads,
                             int64_t group, int64_t d, int64_t slots, float scaling, RowState st, at::BFloat16* op,
                             AmxScratch& sc) {
-  const int64_t nq = it.rows * group;
   int64_t qrows[TILE], lens[TILE];
   for (int64_t r = 0; r < it.rows; ++r) {
     qrows[r] = q_row0 + it.row0 + r;
     lens[r] = prefix + it.row0 + r + 1;
   }
   amx_load_queries(qp, qrows, it.rows, it.h, heads, group, d, sc);
-  if (key_begin == 0) {
-    std::fill(sc.m.begin(), sc.m.begin() + nq, -std::numeric_limits<float>::infinity());
-    std::fill(sc.l.begin(), sc.l.begin() + nq, 0.f);
-    std::fill(sc.acc.begin(), sc.acc.begin() + nq * d, 0.f);
-  } else {
-    for (int64_t r = 0; r < it.rows; ++r) {
-      for (int64_t g = 0; g < group; ++g) {
-        const int64_t qi = r * group + g, sq = qrows[r] * heads + it.h * group + g;
-        sc.m[qi] = st.m[sq];
-        sc.l[qi] = st.l[sq];
-        std::copy(st.acc + sq * d, st.acc + (sq + 1) * d, sc.acc.data() + qi * d);
-      }
-    }
-  }
+  start_rows(key_begin, qrows, it.rows, it.h, heads, group, d, st, sc.m, sc.l, sc.acc);
   amx_attend_rows(it.rows, lens, group, d, kp + it.h * slots * d, vp + it.h * slots * d, slot_row, key_begin,
                   prefix + it.row0 + it.rows, scaling, sc);
-  for (int64_t r = 0; r < it.rows; ++r) {
-    for (int64_t g = 0; g < group; ++g) {
-      const int64_t qi = r * group + g;
-      at::BFloat16* dst = op + (qrows[r] * heads + it.h * group + g) * d;
-      const float inv = 1.f / sc.l[qi];
-      for (int64_t i = 0; i < d; ++i) dst[i] = static_cast<at::BFloat16>(sc.acc[qi * d + i] * inv);
-    }
-  }
+  finish_rows<at::BFloat16>(qrows, it.rows, it.h, heads, group, d, sc.l, sc.acc, op);
 }
 #endif
 

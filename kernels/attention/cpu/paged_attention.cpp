@@ -542,6 +542,41 @@ inline void load_queries(const T* qp, const int64_t* qrows, int64_t n, int64_t h
   }
 }
 
+// The online-softmax state (m, l, acc; query vector r * G + g) of query rows qrows[0..rows) over KV head
+// h at the start of an item: empty, or (key_begin > 0, after the cascade pass) the pass's state in st.
+inline void start_rows(int64_t key_begin, const int64_t* qrows, int64_t rows, int64_t h, int64_t heads, int64_t group,
+                       int64_t d, RowState st, std::vector<float>& m, std::vector<float>& l, std::vector<float>& acc) {
+  const int64_t nq = rows * group;
+  if (key_begin == 0) {
+    std::fill(m.begin(), m.begin() + nq, -std::numeric_limits<float>::infinity());
+    std::fill(l.begin(), l.begin() + nq, 0.f);
+    std::fill(acc.begin(), acc.begin() + nq * d, 0.f);
+    return;
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t g = 0; g < group; ++g) {
+      const int64_t qi = r * group + g, sq = qrows[r] * heads + h * group + g;
+      m[qi] = st.m[sq];
+      l[qi] = st.l[sq];
+      std::copy(st.acc + sq * d, st.acc + (sq + 1) * d, acc.data() + qi * d);
+    }
+  }
+}
+
+// out rows of qrows[0..rows) over KV head h = acc / l, in the output dtype.
+template <typename T>
+inline void finish_rows(const int64_t* qrows, int64_t rows, int64_t h, int64_t heads, int64_t group, int64_t d,
+                        const std::vector<float>& l, const std::vector<float>& acc, T* op) {
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t g = 0; g < group; ++g) {
+      const int64_t qi = r * group + g;
+      T* dst = op + (qrows[r] * heads + h * group + g) * d;
+      const float inv = 1.f / l[qi];
+      for (int64_t i = 0; i < d; ++i) dst[i] = static_cast<T>(acc[qi * d + i] * inv);
+    }
+  }
+}
+
 #include "amx_attention.h"
 
 // Cascade first pass: the shared prefix (keys [0, plen), whole blocks) of one group for query rows
@@ -588,24 +623,10 @@ void attend_item(bool pairs, const Item& it, const T* qp, const T* kp, const T* 
                  float scaling, RowState st, T* op, std::vector<float>& qf, std::vector<float>& acc,
                  std::vector<float>& kblock, std::vector<float>& vblock, std::vector<float>& scores,
                  std::vector<float>& m, std::vector<float>& l) {
-  const int64_t nq = it.rows * group;  // query vectors in this item
   int64_t qrows[TILE];
   for (int64_t r = 0; r < it.rows; ++r) qrows[r] = q_row0 + it.row0 + r;
   if (!pairs) load_queries<T>(qp, qrows, it.rows, it.h, heads, group, d, scaling, qf);
-  if (key_begin == 0) {
-    std::fill(m.begin(), m.begin() + nq, -std::numeric_limits<float>::infinity());
-    std::fill(l.begin(), l.begin() + nq, 0.f);
-    std::fill(acc.begin(), acc.begin() + nq * d, 0.f);
-  } else {
-    for (int64_t r = 0; r < it.rows; ++r) {
-      for (int64_t g = 0; g < group; ++g) {
-        const int64_t qi = r * group + g, sq = qrows[r] * heads + it.h * group + g;
-        m[qi] = st.m[sq];
-        l[qi] = st.l[sq];
-        std::copy(st.acc + sq * d, st.acc + (sq + 1) * d, acc.data() + qi * d);
-      }
-    }
-  }
+  start_rows(key_begin, qrows, it.rows, it.h, heads, group, d, st, m, l, acc);
   const T* kh = kp + it.h * slots * d;
   const T* vh = vp + it.h * slots * d;
   const int64_t last_len = prefix + it.row0 + it.rows;  // keys seen by the item's last row
@@ -624,14 +645,7 @@ void attend_item(bool pairs, const Item& it, const T* qp, const T* kp, const T* 
                       v, n, d, scaling, scores.data(), m.data() + qi, l.data() + qi, acc.data() + qi * d);
     }
   }
-  for (int64_t r = 0; r < it.rows; ++r) {
-    for (int64_t g = 0; g < group; ++g) {
-      const int64_t qi = r * group + g;
-      T* dst = op + (qrows[r] * heads + it.h * group + g) * d;
-      const float inv = 1.f / l[qi];
-      for (int64_t i = 0; i < d; ++i) dst[i] = static_cast<T>(acc[qi * d + i] * inv);
-    }
-  }
+  finish_rows<T>(qrows, it.rows, it.h, heads, group, d, l, acc, op);
 }
 
 // Cascade groups, validated: group g is requests reqs[offsets[g] .. offsets[g+1]) sharing their
@@ -761,23 +775,28 @@ void attention_kernel(const at::Tensor& q, const at::Tensor& k_cache, const at::
       }
     });
   }
+  // Runs fn on the items of threads [begin, end), asking for each next item's first key block first.
+  auto for_each_item = [&](int64_t begin, int64_t end, auto&& fn) {
+    for (int64_t t = begin; t < end; ++t) {
+      for (size_t x = 0; x < assigned[t].size(); ++x) {
+        if (x + 1 < assigned[t].size()) {
+          const Item& nx = items[assigned[t][x + 1]];
+          prefetch_keys_l2(kp + nx.h * slots * d, vp + nx.h * slots * d, table + rows[nx.b] * ctx, key_begin[nx.b],
+                           std::min(pre[nx.b] + nx.row0 + nx.rows, key_begin[nx.b] + BLOCK), d);
+        }
+        fn(items[assigned[t][x]]);
+      }
+    }
+  };
   at::parallel_for(0, nthreads, 1, [&](int64_t begin, int64_t end) {
 #ifdef CPU_CAPABILITY_AVX512
     if constexpr (std::is_same_v<T, at::BFloat16>) {
       if (amx) {
         AmxScratch sc(TILE * group, d);
-                for (int64_t t = begin; t < end; ++t) {
-          for (size_t x = 0; x < assigned[t].size(); ++x) {
-            const Item& it = items[assigned[t][x]];
-            if (x + 1 < assigned[t].size()) {
-              const Item& nx = items[assigned[t][x + 1]];
-              prefetch_keys_l2(kp + nx.h * slots * d, vp + nx.h * slots * d, table + rows[nx.b] * ctx, key_begin[nx.b],
-                               std::min(pre[nx.b] + nx.row0 + nx.rows, key_begin[nx.b] + BLOCK), d);
-            }
-            attend_item_amx(it, qp, kp, vp, table + rows[it.b] * ctx, pre[it.b], key_begin[it.b], q_start[it.b], heads,
-                            group, d, slots, static_cast<float>(scaling), st, op, sc);
-          }
-        }
+        for_each_item(begin, end, [&](const Item& it) {
+          attend_item_amx(it, qp, kp, vp, table + rows[it.b] * ctx, pre[it.b], key_begin[it.b], q_start[it.b], heads,
+                          group, d, slots, static_cast<float>(scaling), st, op, sc);
+        });
         amx_release();
         return;
       }
@@ -785,18 +804,10 @@ void attention_kernel(const at::Tensor& q, const at::Tensor& k_cache, const at::
 #endif
     std::vector<float> qf(TILE * group * d), acc(TILE * group * d), kblock(BLOCK * d), vblock(BLOCK * d),
         scores(group * BLOCK), m(TILE * group), l(TILE * group);
-    for (int64_t t = begin; t < end; ++t) {
-      for (size_t x = 0; x < assigned[t].size(); ++x) {
-        const Item& it = items[assigned[t][x]];
-        if (x + 1 < assigned[t].size()) {
-          const Item& nx = items[assigned[t][x + 1]];
-          prefetch_keys_l2(kp + nx.h * slots * d, vp + nx.h * slots * d, table + rows[nx.b] * ctx, key_begin[nx.b],
-                           std::min(pre[nx.b] + nx.row0 + nx.rows, key_begin[nx.b] + BLOCK), d);
-        }
-        attend_item<T>(pairs, it, qp, kp, vp, table + rows[it.b] * ctx, pre[it.b], key_begin[it.b], q_start[it.b], heads,
-                       group, d, slots, static_cast<float>(scaling), st, op, qf, acc, kblock, vblock, scores, m, l);
-      }
-    }
+    for_each_item(begin, end, [&](const Item& it) {
+      attend_item<T>(pairs, it, qp, kp, vp, table + rows[it.b] * ctx, pre[it.b], key_begin[it.b], q_start[it.b], heads,
+                     group, d, slots, static_cast<float>(scaling), st, op, qf, acc, kblock, vblock, scores, m, l);
+    });
   });
 }
 
