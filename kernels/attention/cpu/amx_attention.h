@@ -103,46 +103,48 @@ __attribute__((target("avx512f,avx512bw"))) inline void pair_values(const at::BF
   }
 }
 
-// The softmax of the AMX path in two passes over a query vector's n scores (the other paths make four):
-// scale_max scales them and returns their maximum; exp_to_bf16 writes p = bf16(exp(s - m)) (zero up
-// to npad) and returns the fp32 sum. exp is Cephes' single-precision polynomial (Moshier 1989;
+// The softmax of the AMX path in two passes over a query vector's n raw scores q.k (the other paths
+// make four): block_max_raw returns their maximum (nothing is written back); exp_to_bf16 writes
+// p = bf16(2^(s c - m)) (zero up to npad), with c = scaling * log2(e) and m the running maximum in the
+// same base-2, scaled units (m = c max s: scaling > 0, so the maximum commutes with it), and returns
+// the fp32 sum. The scaling is folded into the exponent's single FMA, so the scores are read twice
+// and written never. exp2 is Cephes' single-precision exp2f polynomial on [-1/2, 1/2] (Moshier 1989;
 // ~1 ulp, far below the bf16 rounding of p that follows) with 2^n by vscalefps: about half the
 // instructions of Sleef's u10 expf, which the other paths use.
-__attribute__((target("avx512f"))) inline float scale_max(float* s, float scaling, int64_t n) {
-  const __m512 a = _mm512_set1_ps(scaling);
+__attribute__((target("avx512f"))) inline float block_max_raw(const float* s, int64_t n) {
   __m512 mx = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-  for (int64_t j = 0; j < n; j += 16) {
-    const __mmask16 k = n - j >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (n - j)) - 1);
-    const __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, s + j), a);
-    _mm512_mask_storeu_ps(s + j, k, x);
-    mx = _mm512_mask_max_ps(mx, k, mx, x);
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16) mx = _mm512_max_ps(mx, _mm512_loadu_ps(s + j));
+  if (j < n) {
+    const __mmask16 k = static_cast<__mmask16>((1u << (n - j)) - 1);
+    mx = _mm512_mask_max_ps(mx, k, mx, _mm512_maskz_loadu_ps(k, s + j));
   }
   return _mm512_reduce_max_ps(mx);
 }
 
-__attribute__((target("avx512f"))) inline __m512 exp_ps(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.33654f));  // exp of less is below FLT_MIN: a p of ~0 either way
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.f));
-  return _mm512_scalef_ps(y, n);
+// 2^t for t >= -150 (below, 0); the caller's t are <= ~0 (scores minus their running maximum).
+__attribute__((target("avx512f"))) inline __m512 exp2_ps(__m512 t) {
+  t = _mm512_max_ps(t, _mm512_set1_ps(-150.f));  // 2^-150 rounds to 0 either way; keeps n in range
+  const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(t, n);  // exact, in [-1/2, 1/2]
+  __m512 p = _mm512_set1_ps(1.535336188319500e-4f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.339887440266574e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618437357674640e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550332471162809e-2f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402264791363012e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931472028550421e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
+  return _mm512_scalef_ps(p, n);
 }
 
-__attribute__((target("avx512f,avx512bf16,avx512vl"))) inline float exp_to_bf16(const float* s, float m, int64_t n,
-                                                                               int64_t npad, at::BFloat16* p) {
-  const __m512 vm = _mm512_set1_ps(m);
+__attribute__((target("avx512f,avx512bf16,avx512vl"))) inline float exp_to_bf16(const float* s, float c, float m,
+                                                                               int64_t n, int64_t npad,
+                                                                               at::BFloat16* p) {
+  const __m512 vc = _mm512_set1_ps(c), vm = _mm512_set1_ps(-m);
   __m512 sum = _mm512_setzero_ps();
   for (int64_t j = 0; j < npad; j += 16) {
     const __mmask16 k = n - j >= 16 ? 0xFFFF : n > j ? static_cast<__mmask16>((1u << (n - j)) - 1) : 0;
-    const __m512 e = _mm512_maskz_mov_ps(k, exp_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + j), vm)));
+    const __m512 e = _mm512_maskz_mov_ps(k, exp2_ps(_mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, s + j), vc, vm)));
     sum = _mm512_add_ps(sum, e);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + j), (__m256i)_mm512_cvtneps_pbh(e));
   }
@@ -231,13 +233,15 @@ __attribute__((target("amx-tile,amx-bf16"))) inline void amx_accumulate(const at
 
 // Attention of R query rows over keys [k0, k1) of KV head h (k0 a multiple of BLOCK), continuing the
 // online-softmax state in sc.m / sc.l / sc.acc (query vector r * G + g): row r sees keys [0, lens[r]).
-// sc.q holds the rows' query vectors (filled by the caller). The caller has configured the tiles.
+// On this path m is kept in base-2 units of the scaled scores (scaling * log2(e) * max q.k; the cascade
+// state it hands over is only ever continued by this path in the same call). sc.q holds the rows' query vectors (filled by the caller). The caller has configured the tiles.
 inline void amx_attend_rows(int64_t rows, const int64_t* lens, int64_t group, int64_t d, const at::BFloat16* kh,
                             const at::BFloat16* vh, const int64_t* slot_row, int64_t k0, int64_t k1, float scaling,
                             AmxScratch& sc) {
   const int64_t nq = rows * group;
   const int64_t mpad = nq < AMX_ROWS ? nq : (nq + AMX_ROWS - 1) / AMX_ROWS * AMX_ROWS;
   amx_configure(std::min(nq, AMX_ROWS));
+  const float c = scaling * 1.44269504088896341f;  // scores to base-2 exponents (exp_to_bf16)
   ValueRows<at::BFloat16> v;
   v.direct = true;
   for (int64_t j0 = k0; j0 < k1; j0 += BLOCK) {
@@ -257,15 +261,14 @@ inline void amx_attend_rows(int64_t rows, const int64_t* lens, int64_t group, in
           std::fill(pq, pq + npad, c10::BFloat16(0.f));
           continue;
         }
-        const float bmax = scale_max(sq, scaling, n);
-        const float mnew = std::max(sc.m[qi], bmax);
+        const float mnew = std::max(sc.m[qi], block_max_raw(sq, n) * c);
         if (sc.m[qi] != -std::numeric_limits<float>::infinity() && mnew != sc.m[qi]) {
-          const float corr = std::exp(sc.m[qi] - mnew);
+          const float corr = std::exp2(sc.m[qi] - mnew);
           sc.l[qi] *= corr;
           scale(sc.acc.data() + qi * d, corr, d);
         }
         sc.m[qi] = mnew;
-        sc.l[qi] += exp_to_bf16(sq, mnew, n, npad, pq);
+        sc.l[qi] += exp_to_bf16(sq, c, mnew, n, npad, pq);
       }
     }
     for (int64_t qi = nq; qi < mpad; ++qi) {  // pad vectors: p = 0 (their accumulators are never read)
