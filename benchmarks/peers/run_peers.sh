@@ -73,7 +73,9 @@ wait_healthy() {
 }
 
 TARGETS=()
+STARTED=0
 # start NAME BACKEND CMD...: CMD gets --port appended by the caller; adds the target when healthy
+# (STARTED=1) or reports it skipped (STARTED=0)
 start() {
     local name="$1" backend="$2" port="$3"; shift 3
     "$@" > "$LOGS/$name.log" 2>&1 &
@@ -81,8 +83,10 @@ start() {
     PIDS+=("$pid")
     if wait_healthy "$name" "http://127.0.0.1:$port" "$pid"; then
         TARGETS+=(--base-url "$name=http://127.0.0.1:$port" --backend "$backend")
+        STARTED=1
     else
         echo "skipped: $name (did not start)"
+        STARTED=0
     fi
 }
 
@@ -150,6 +154,14 @@ if want llama-server-q4; then  # the demo GGUF's own Q4_1 blocks, as radixlm-q4 
         DEMO_GGUF="$("$PY" -c 'from radixlm.srt.model_loader import find_demo_model; print(find_demo_model())')"
         start llama-server-q4 openai "$port" "$LLAMA_BIN" -m "$DEMO_GGUF" -np "$np" -c $((np * 1024)) \
             -t "$THREADS" -tb "$THREADS" --host 127.0.0.1 --port "$port"
+        if [ "$STARTED" = 0 ]; then
+            # llama.cpp repacks Q4 weights for its AVX-512 / AMX kernels at load; that repack crashed
+            # (SIGSEGV) on an AMX Xeon (2026-12-03). Its own switch keeps the blocks as stored.
+            echo "llama-server-q4: retrying with --no-repack"
+            port=$(free_port)
+            start llama-server-q4 openai "$port" "$LLAMA_BIN" -m "$DEMO_GGUF" -np "$np" -c $((np * 1024)) \
+                -t "$THREADS" -tb "$THREADS" --no-repack --host 127.0.0.1 --port "$port"
+        fi
     else
         echo "skipped: llama-server-q4 (needs the llama-server build and the default SmolLM2 model)"
     fi
