@@ -24,7 +24,7 @@
 # build_llama_server.sh, used only when MODEL_DIR is the default SmolLM2 folder), VLLM_KV_GB (vLLM's
 # CPU KV cache, 4), HF_CB_BLOCKS (transformers serve KV blocks of 256 tokens, 256), START_TIMEOUT (s,
 # 600), RADIXLM_PYTHON (python3), DTYPE (auto: what radixlm's --dtype auto picks on this CPU, bfloat16
-# with AMX-BF16 / AVX512-BF16, else float32; every float server gets that --dtype). The servers stay up together while each is benchmarked in turn:
+# with AMX-BF16 / AVX512-BF16, else float32; every float server gets that --dtype; radixlm-q4 keeps its own --dtype auto, as `radixlm serve` of the GGUF does: fp32 activations for the kept blocks). The servers stay up together while each is benchmarked in turn:
 # the idle ones cost little CPU.
 set -euo pipefail
 
@@ -90,8 +90,8 @@ start() {
     fi
 }
 
-read -r -a RADIXLM_EXTRA <<< "${RADIXLM_ARGS:-}"
-RADIXLM_EXTRA=(--dtype "$DTYPE" "${RADIXLM_EXTRA[@]}")
+read -r -a RADIXLM_USER <<< "${RADIXLM_ARGS:-}"
+RADIXLM_EXTRA=(--dtype "$DTYPE" "${RADIXLM_USER[@]}")
 if want radixlm; then
     port=$(free_port)
     start radixlm radixlm "$port" "$PY" -m radixlm.srt.launch_server --model-path "$MODEL_DIR" --port "$port" \
@@ -107,7 +107,7 @@ if want radixlm-q4; then  # the demo GGUF with its Q4_1 blocks kept (radixlm ser
         port=$(free_port)
         DEMO_GGUF="$("$PY" -c 'from radixlm.srt.model_loader import find_demo_model; print(find_demo_model())')"
         start radixlm-q4 radixlm "$port" "$PY" -m radixlm.srt.launch_server --model-path "$DEMO_GGUF" \
-            --quantization gguf --port "$port" "${RADIXLM_EXTRA[@]}"
+            --quantization gguf --port "$port" "${RADIXLM_USER[@]}"  # its own --dtype auto, as radixlm serve
     else
         echo "skipped: radixlm-q4 (only for the default SmolLM2 model)"
     fi
