@@ -12,6 +12,7 @@ from radixlm.srt.engine import Engine
 from radixlm.srt.server_args import ServerArgsError
 from tests.conftest import STORY_PROMPTS
 from tests.engine.test_greedy_vs_hf import assert_clean
+from tests.engine.test_smollm2 import smollm2_path  # noqa: F401  (the demo model fixture)
 
 PROMPT = STORY_PROMPTS[0]
 
@@ -171,3 +172,27 @@ def test_small_draft_length_and_windows(stories_path, off):
 def test_bad_speculative_options_are_refused(stories_path, kwargs, msg):
     with pytest.raises(ServerArgsError, match=msg):
         Engine(stories_path, max_total_tokens=512, **kwargs)
+
+
+def test_bf16_deterministic_batch_with_drafts_equals_decoding_without(smollm2_path):
+    """bf16 (on AMX / AVX512-BF16 CPUs the model's default dtype): a verify step multiplies k + 1 rows
+    per request where a decode step multiplies one, and the default bf16 GEMM (oneDNN) rounds rows
+    differently with the batch shape, so speculation can flip a near-tie there (it did in the served
+    copy-edit benchmark at concurrency 8 on an AMX Xeon, docs/benchmarks.md). With
+    --enable-deterministic-inference (batch-invariant GEMMs) a batch of copy-heavy prompts decoded with
+    drafts equals the same batch decoded without them, token for token, and drafts are accepted."""
+    kw = {"dtype": "bfloat16", "max_total_tokens": 4096, "enable_deterministic_inference": True}
+    off = Engine(smollm2_path, **kw)
+    tok = off.tokenizer
+    base = ['{"id": 7, "name": "Ada", "tags": ["math", "engines"], "active": true}',
+            "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n",
+            "The quick brown fox jumps over the lazy dog. The quick brown fox"]
+    prompts = [tok.encode(f"Repeat exactly:\n{t}\nAgain:\n{t}\nAgain:\n") for t in base]
+    sp = {"temperature": 0, "max_new_tokens": 40}
+    want = [o["output_ids"] for o in off.generate(input_ids=prompts, sampling_params=sp)]
+    del off
+    on = Engine(smollm2_path, speculative_algorithm="NGRAM", **kw)
+    got = on.generate(input_ids=prompts, sampling_params=sp)
+    assert [o["output_ids"] for o in got] == want
+    assert max(o["meta_info"]["spec_accept_length"] for o in got) > 1.5  # drafts were verified and accepted
+    on.scheduler.kv.check_idle()
