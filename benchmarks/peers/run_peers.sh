@@ -152,15 +152,14 @@ if want llama-server-q4; then  # the demo GGUF's own Q4_1 blocks, as radixlm-q4 
         port=$(free_port)
         np="${LLAMA_NP:-64}"
         DEMO_GGUF="$("$PY" -c 'from radixlm.srt.model_loader import find_demo_model; print(find_demo_model())')"
-        start llama-server-q4 openai "$port" "$LLAMA_BIN" -m "$DEMO_GGUF" -np "$np" -c $((np * 1024)) \
-            -t "$THREADS" -tb "$THREADS" --host 127.0.0.1 --port "$port"
+        q4=("$LLAMA_BIN" -m "$DEMO_GGUF" -np "$np" -c $((np * 1024)) -t "$THREADS" -tb "$THREADS" --host 127.0.0.1)
+        start llama-server-q4 openai "$port" "${q4[@]}" --port "$port"
         if [ "$STARTED" = 0 ]; then
             # llama.cpp repacks Q4 weights for its AVX-512 / AMX kernels at load; that repack crashed
             # (SIGSEGV) on an AMX Xeon (2026-12-03). Its own switch keeps the blocks as stored.
             echo "llama-server-q4: retrying with --no-repack"
             port=$(free_port)
-            start llama-server-q4 openai "$port" "$LLAMA_BIN" -m "$DEMO_GGUF" -np "$np" -c $((np * 1024)) \
-                -t "$THREADS" -tb "$THREADS" --no-repack --host 127.0.0.1 --port "$port"
+            start llama-server-q4 openai "$port" "${q4[@]}" --no-repack --port "$port"
         fi
     else
         echo "skipped: llama-server-q4 (needs the llama-server build and the default SmolLM2 model)"

@@ -6,7 +6,7 @@
 // block, S = Q K^T with TDPBF16PS over the pair-transposed K block (a B tile is 16 pairs of dims x 16
 // keys: the pair path's layout), the online softmax in fp32 as elsewhere, then O += P V with P rounded
 // to bf16 (round to nearest even) and V re-laid as pairs of keys (a B tile is 16 key pairs x 16 dims);
-// the exponentials are a polynomial of ~1 ulp (exp_ps) instead of Sleef's.
+// the exponentials are base 2, a polynomial of ~1 ulp (exp2_ps) instead of Sleef's expf.
 // One TDPBF16PS is 16 x 16 x 32 multiply-adds; the AVX-512 paths do 16 per instruction. The
 // normaliser sums the fp32 probabilities, as FlashAttention's does.
 //
@@ -104,24 +104,13 @@ __attribute__((target("avx512f,avx512bw"))) inline void pair_values(const at::BF
 }
 
 // The softmax of the AMX path in two passes over a query vector's n raw scores q.k (the other paths
-// make four): block_max_raw returns their maximum (nothing is written back); exp_to_bf16 writes
-// p = bf16(2^(s c - m)) (zero up to npad), with c = scaling * log2(e) and m the running maximum in the
-// same base-2, scaled units (m = c max s: scaling > 0, so the maximum commutes with it), and returns
-// the fp32 sum. The scaling is folded into the exponent's single FMA, so the scores are read twice
-// and written never. exp2 is Cephes' single-precision exp2f polynomial on [-1/2, 1/2] (Moshier 1989;
-// ~1 ulp, far below the bf16 rounding of p that follows) with 2^n by vscalefps: about half the
+// make four): block_max (paged_attention.cpp) takes their maximum, nothing written back; exp_to_bf16
+// writes p = bf16(2^(s c - m)) (zero up to npad), with c = scaling * log2(e) and m the running maximum
+// in the same base-2, scaled units (m = c max s: scaling > 0, so the maximum commutes with it), and
+// returns the fp32 sum. The scaling is folded into the exponent's single FMA, so the scores are read
+// twice and written never. exp2 is Cephes' single-precision exp2f polynomial on [-1/2, 1/2] (Moshier
+// 1989; ~1 ulp, far below the bf16 rounding of p that follows) with 2^n by vscalefps: about half the
 // instructions of Sleef's u10 expf, which the other paths use.
-__attribute__((target("avx512f"))) inline float block_max_raw(const float* s, int64_t n) {
-  __m512 mx = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-  int64_t j = 0;
-  for (; j + 16 <= n; j += 16) mx = _mm512_max_ps(mx, _mm512_loadu_ps(s + j));
-  if (j < n) {
-    const __mmask16 k = static_cast<__mmask16>((1u << (n - j)) - 1);
-    mx = _mm512_mask_max_ps(mx, k, mx, _mm512_maskz_loadu_ps(k, s + j));
-  }
-  return _mm512_reduce_max_ps(mx);
-}
-
 // 2^t for t >= -150 (below, 0); the caller's t are <= ~0 (scores minus their running maximum).
 __attribute__((target("avx512f"))) inline __m512 exp2_ps(__m512 t) {
   t = _mm512_max_ps(t, _mm512_set1_ps(-150.f));  // 2^-150 rounds to 0 either way; keeps n in range
@@ -234,7 +223,8 @@ __attribute__((target("amx-tile,amx-bf16"))) inline void amx_accumulate(const at
 // Attention of R query rows over keys [k0, k1) of KV head h (k0 a multiple of BLOCK), continuing the
 // online-softmax state in sc.m / sc.l / sc.acc (query vector r * G + g): row r sees keys [0, lens[r]).
 // On this path m is kept in base-2 units of the scaled scores (scaling * log2(e) * max q.k; the cascade
-// state it hands over is only ever continued by this path in the same call). sc.q holds the rows' query vectors (filled by the caller). The caller has configured the tiles.
+// state it hands over is only ever continued by this path in the same call). sc.q holds the rows'
+// query vectors (filled by the caller). The caller has configured the tiles.
 inline void amx_attend_rows(int64_t rows, const int64_t* lens, int64_t group, int64_t d, const at::BFloat16* kh,
                             const at::BFloat16* vh, const int64_t* slot_row, int64_t k0, int64_t k1, float scaling,
                             AmxScratch& sc) {
@@ -261,7 +251,7 @@ inline void amx_attend_rows(int64_t rows, const int64_t* lens, int64_t group, in
           std::fill(pq, pq + npad, c10::BFloat16(0.f));
           continue;
         }
-        const float mnew = std::max(sc.m[qi], block_max_raw(sq, n) * c);
+        const float mnew = std::max(sc.m[qi], block_max(sq, n) * c);
         if (sc.m[qi] != -std::numeric_limits<float>::infinity() && mnew != sc.m[qi]) {
           const float corr = std::exp2(sc.m[qi] - mnew);
           sc.l[qi] *= corr;

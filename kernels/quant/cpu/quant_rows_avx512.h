@@ -74,7 +74,6 @@ inline void block_weights(const uint8_t* blk, const float* dm, __m512& wl, __m51
   }
 }
 
-
 // NR consecutive output rows (weight rows row0, row0 + rb, ...) for MB activation rows of x (ldx = K).
 template <Kind F, int NR, int MB>
 inline void rows_tile(const uint8_t* row0, int64_t rb, int64_t nb, const float* x, int64_t K, float* out,
