@@ -243,3 +243,28 @@ def test_cpu_linear_fp32_tile_boundaries_are_batch_invariant(rows):
     assert all(torch.equal(gemm.linear(x[i:i + 1], packed), y[i:i + 1]) for i in range(rows))
     ref = F.linear(x.double(), w.double())
     assert (y.double() - ref).abs().max().item() <= 4 * max((F.linear(x, w).double() - ref).abs().max().item(), 1e-6)
+
+
+@pytest.mark.parametrize("out_features", [160, 32, 48])  # 10 panels (tiles of 3, 3, 3, 1), 2, 3
+def test_cpu_linear_fp32_packed_tiles_give_the_microkernel_bits(out_features):
+    """fp32 linear_packed (at 512-bit width: 8-row x 3-panel tiles over packed activations, K in blocks
+    of 128) and the quantized panel GEMM (the 12 x 16 microkernel tiles on the dequantized weight) run
+    the same FMA chains: equal bits for every tile height, a K that is no multiple of the k block, bias
+    and several row blocks; and a row alone equals it in the batch."""
+    from radixlm.kernels.quant.formats import quantize_int8
+
+    gemm = _cpu_gemm()
+    ops = torch.ops.radixlm_cpu
+    g = torch.Generator().manual_seed(out_features)
+    k = 320  # 2 k blocks of 128 and one of 64
+    q = quantize_int8(torch.randn(out_features, k, generator=g))
+    wd = ops.quant_dequantize(q, 0, k)
+    packed, bias = gemm.prepare(wd.clone()), torch.randn(out_features, generator=g)
+    for m in (1, 3, 7, 8, 9, 17, 96, 97, 200):
+        x = torch.randn(m, k, generator=g)
+        y = gemm.linear(x, packed, bias)
+        assert torch.equal(y, ops.quant_linear_panels(x, q, 0, k, bias)), m
+        assert torch.equal(gemm.linear(x[m // 2:m // 2 + 1], packed, bias), y[m // 2:m // 2 + 1]), m
+        ref = F.linear(x.double(), wd.double(), bias.double())  # within a k-term chain's rounding bound
+        bound = (k + 1) * 2.0 ** -24 * (F.linear(x.double().abs(), wd.double().abs()) + bias.double().abs())
+        assert bool(((y.double() - ref).abs() <= bound).all()), m

@@ -1,0 +1,98 @@
+// The fp32 linear at 512-bit width with packed activations (BLIS scheme: Goto & van de Geijn 2008;
+// Van Zee & van de Geijn 2015): y = x W^T (+ bias) over the 16-wide weight panels of gemm.cpp.
+//
+// The register tile is R (<= 8) rows x P (<= 3) panels = 48 columns in 24 zmm accumulators. Per k it
+// loads the P panel vectors and broadcasts R activations from a packed copy of the tile's rows
+// (xp[k * R + r]: one contiguous stream instead of R strided ones), 11 loads for 24 FMAs, so it is
+// FMA-bound where the 12 x 16 tile of microkernel.h (13 loads for 12 FMAs, 12 strided activation
+// streams) is load-bound: on a 2-core Ice Lake Xeon 85 -> ~100 GFLOP/s a core at 96 x 576 x 1536
+// (standalone harness; peak ~133 measured with register-only FMAs). K runs in blocks of kKBlock so
+// the P panels' slice (kKBlock x 48 floats, 24 KB) stays in L1 while every row tile of the block
+// passes over it; the partial sums wait in y between k blocks (an fp32 store and load are exact).
+//
+// Each output is still one FMA chain over k = 0 .. K-1 in order from 0, the bias added after it: the
+// same bits as microkernel.h's tiles, whatever the tile, the row block or the thread (batch-invariant).
+#pragma once
+
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "microkernel.h"
+
+namespace radixlm_gemm {
+
+constexpr int kPackedRows = 8;        // rows per register tile
+constexpr int kPackedPanels = 3;      // 16-wide panels per register tile
+constexpr int64_t kKBlock = 128;      // k per pass over a tile's panels
+constexpr int64_t kPackedRowBlock = 96;  // rows of x packed at once (96 x K floats: in L2)
+
+// Rows [0, R) of x (ldx) as xp[k * R + r], k in [0, K).
+template <int R>
+inline void pack_rows(const float* x, int64_t ldx, int64_t K, float* xp) {
+  for (int64_t k = 0; k < K; ++k)
+    for (int r = 0; r < R; ++r) xp[k * R + r] = x[r * ldx + k];
+}
+
+// y[r, 16 p + j] (+)= sum_{k in [k0, k0 + kc)} xp[k, r] * panel_p[k, j]; first: the chains start at 0,
+// else at y's partial sums; bias (non-null on the last k block only) is added after the chain.
+template <int R, int P>
+inline void packed_tile(const float* xp, const float* panel, int64_t ps, int64_t kc, float* y, int64_t ldy, bool first,
+                        const float* bias) {
+  __m512 acc[R][P];
+  for (int r = 0; r < R; ++r)
+    for (int p = 0; p < P; ++p) acc[r][p] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(y + r * ldy + 16 * p);
+  for (int64_t k = 0; k < kc; ++k) {
+    __m512 b[P];
+    for (int p = 0; p < P; ++p) b[p] = _mm512_loadu_ps(panel + p * ps + k * 16);
+    for (int r = 0; r < R; ++r) {
+      const __m512 a = _mm512_set1_ps(xp[k * R + r]);
+      for (int p = 0; p < P; ++p) acc[r][p] = _mm512_fmadd_ps(a, b[p], acc[r][p]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int p = 0; p < P; ++p) {
+      __m512 o = acc[r][p];
+      if (bias != nullptr) o = _mm512_add_ps(o, _mm512_loadu_ps(bias + 16 * p));
+      _mm512_storeu_ps(y + r * ldy + 16 * p, o);
+    }
+}
+
+// y (M, N) = x (M, K; row stride ldx) W^T (+ bias) for W packed as (N / 16, K, 16) panels.
+inline void linear_packed_fp32_avx512(const float* x, int64_t ldx, int64_t M, const float* w, int64_t N, int64_t K,
+                                      const float* bias, float* y) {
+  const int64_t panels = N / 16, ps = K * 16;
+  const int64_t groups = (panels + kPackedPanels - 1) / kPackedPanels;
+  std::vector<float> xp(std::min(M, kPackedRowBlock) * K);
+  for (int64_t m0 = 0; m0 < M; m0 += kPackedRowBlock) {
+    const int64_t m1 = std::min(M, m0 + kPackedRowBlock);
+    // tile t covers rows [m0 + off, m0 + off + h) and its packed copy starts at xp + off * K
+    near_equal_tiles<kPackedRows>(m0, m1, [&](auto r, int64_t m) {
+      pack_rows<decltype(r)::value>(x + m * ldx, ldx, K, xp.data() + (m - m0) * K);
+    });
+    at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
+      for (int64_t g = g0; g < g1; ++g) {
+        const int64_t p = g * kPackedPanels, np = std::min<int64_t>(kPackedPanels, panels - p);
+        for (int64_t k0 = 0; k0 < K; k0 += kKBlock) {
+          const int64_t kc = std::min(kKBlock, K - k0);
+          const bool first = k0 == 0, last = k0 + kc == K;
+          const float* pk = w + p * ps + k0 * 16;
+          const float* b = last && bias != nullptr ? bias + p * 16 : nullptr;
+          near_equal_tiles<kPackedRows>(m0, m1, [&](auto r, int64_t m) {
+            constexpr int R = decltype(r)::value;
+            const float* xt = xp.data() + (m - m0) * K + k0 * R;
+            float* yt = y + m * N + p * 16;
+            if (np == 3) packed_tile<R, 3>(xt, pk, ps, kc, yt, N, first, b);
+            else if (np == 2) packed_tile<R, 2>(xt, pk, ps, kc, yt, N, first, b);
+            else packed_tile<R, 1>(xt, pk, ps, kc, yt, N, first, b);
+          });
+        }
+      }
+    });
+  }
+}
+
+}  // namespace radixlm_gemm
