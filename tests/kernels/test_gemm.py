@@ -260,7 +260,7 @@ def test_cpu_linear_fp32_packed_tiles_give_the_microkernel_bits(out_features):
     q = quantize_int8(torch.randn(out_features, k, generator=g))
     wd = ops.quant_dequantize(q, 0, k)
     packed, bias = gemm.prepare(wd.clone()), torch.randn(out_features, generator=g)
-    for m in (1, 3, 7, 8, 9, 17, 96, 97, 200):
+    for m in (1, 3, 7, 8, 9, 17, 96, 97, 200, 600):  # K = 320: 512 rows a packed block
         x = torch.randn(m, k, generator=g)
         y = gemm.linear(x, packed, bias)
         assert torch.equal(y, ops.quant_linear_panels(x, q, 0, k, bias)), m

@@ -28,7 +28,11 @@ namespace radixlm_gemm {
 constexpr int kPackedRows = 8;        // rows per register tile
 constexpr int kPackedPanels = 3;      // 16-wide panels per register tile
 constexpr int64_t kKBlock = 128;      // k per pass over a tile's panels
-constexpr int64_t kPackedRowBlock = 96;  // rows of x packed at once (96 x K floats: in L2)
+constexpr int64_t kPackedBytes = 640 << 10;  // packed rows of x per block (in L2 while the panels pass)
+
+// Rows per packed block: as many as kPackedBytes hold (at least 96, a multiple of 8), so a weight
+// streams from memory once for up to ~270 rows at K = 576 (the lm_head at decode batch 128).
+inline int64_t packed_row_block(int64_t K) { return std::max<int64_t>(96, kPackedBytes / (4 * K) / 8 * 8); }
 
 // Rows [0, R) of x (ldx) as xp[k * R + r], k in [0, K).
 template <int R>
@@ -66,9 +70,10 @@ inline void linear_packed_fp32_avx512(const float* x, int64_t ldx, int64_t M, co
                                       const float* bias, float* y) {
   const int64_t panels = N / 16, ps = K * 16;
   const int64_t groups = (panels + kPackedPanels - 1) / kPackedPanels;
-  std::vector<float> xp(std::min(M, kPackedRowBlock) * K);
-  for (int64_t m0 = 0; m0 < M; m0 += kPackedRowBlock) {
-    const int64_t m1 = std::min(M, m0 + kPackedRowBlock);
+  const int64_t row_block = packed_row_block(K);
+  std::vector<float> xp(std::min(M, row_block) * K);
+  for (int64_t m0 = 0; m0 < M; m0 += row_block) {
+    const int64_t m1 = std::min(M, m0 + row_block);
     // tile t covers rows [m0 + off, m0 + off + h) and its packed copy starts at xp + off * K
     near_equal_tiles<kPackedRows>(m0, m1, [&](auto r, int64_t m) {
       pack_rows<decltype(r)::value>(x + m * ldx, ldx, K, xp.data() + (m - m0) * K);
