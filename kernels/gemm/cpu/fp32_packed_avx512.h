@@ -43,15 +43,19 @@ inline void pack_rows(const float* x, int64_t ldx, int64_t K, float* xp) {
 
 // y[r, 16 p + j] (+)= sum_{k in [k0, k0 + kc)} xp[k, r] * panel_p[k, j]; first: the chains start at 0,
 // else at y's partial sums; bias (non-null on the last k block only) is added after the chain.
+// pf (or null): the next slice of the panels, fetched into L2 line by line (one 64-byte line per k
+// and panel) while this tile computes, so the next slice's first tile does not wait on memory.
 template <int R, int P>
 inline void packed_tile(const float* xp, const float* panel, int64_t ps, int64_t kc, float* y, int64_t ldy, bool first,
-                        const float* bias) {
+                        const float* bias, const float* pf, int64_t pf_panels) {
   __m512 acc[R][P];
   for (int r = 0; r < R; ++r)
     for (int p = 0; p < P; ++p) acc[r][p] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(y + r * ldy + 16 * p);
   for (int64_t k = 0; k < kc; ++k) {
     __m512 b[P];
     for (int p = 0; p < P; ++p) b[p] = _mm512_loadu_ps(panel + p * ps + k * 16);
+    if (pf != nullptr)
+      for (int64_t p = 0; p < pf_panels; ++p) _mm_prefetch(reinterpret_cast<const char*>(pf + p * ps + k * 16), _MM_HINT_T1);
     for (int r = 0; r < R; ++r) {
       const __m512 a = _mm512_set1_ps(xp[k * R + r]);
       for (int p = 0; p < P; ++p) acc[r][p] = _mm512_fmadd_ps(a, b[p], acc[r][p]);
@@ -86,13 +90,19 @@ inline void linear_packed_fp32_avx512(const float* x, int64_t ldx, int64_t M, co
           const bool first = k0 == 0, last = k0 + kc == K;
           const float* pk = w + p * ps + k0 * 16;
           const float* b = last && bias != nullptr ? bias + p * 16 : nullptr;
+          // the next slice this thread reads: the same panels' next k block, else the next group's first
+          const float* next = !last ? pk + kKBlock * 16 : g + 1 < g1 ? w + (p + kPackedPanels) * ps : nullptr;
+          const int64_t next_np = !last ? np : std::min<int64_t>(kPackedPanels, panels - p - kPackedPanels);
+          bool first_tile = true;
           near_equal_tiles<kPackedRows>(m0, m1, [&](auto r, int64_t m) {
             constexpr int R = decltype(r)::value;
             const float* xt = xp.data() + (m - m0) * K + k0 * R;
             float* yt = y + m * N + p * 16;
-            if (np == 3) packed_tile<R, 3>(xt, pk, ps, kc, yt, N, first, b);
-            else if (np == 2) packed_tile<R, 2>(xt, pk, ps, kc, yt, N, first, b);
-            else packed_tile<R, 1>(xt, pk, ps, kc, yt, N, first, b);
+            const float* pf = first_tile ? next : nullptr;  // kc lines a panel (a prefetch never faults)
+            first_tile = false;
+            if (np == 3) packed_tile<R, 3>(xt, pk, ps, kc, yt, N, first, b, pf, next_np);
+            else if (np == 2) packed_tile<R, 2>(xt, pk, ps, kc, yt, N, first, b, pf, next_np);
+            else packed_tile<R, 1>(xt, pk, ps, kc, yt, N, first, b, pf, next_np);
           });
         }
       }
