@@ -247,10 +247,11 @@ def test_cpu_linear_fp32_tile_boundaries_are_batch_invariant(rows):
 
 @pytest.mark.parametrize("out_features", [160, 32, 48])  # 10 panels (tiles of 3, 3, 3, 1), 2, 3
 def test_cpu_linear_fp32_packed_tiles_give_the_microkernel_bits(out_features):
-    """fp32 linear_packed (at 512-bit width: 8-row x 3-panel tiles over packed activations, K in blocks
-    of 128) and the quantized panel GEMM (the 12 x 16 microkernel tiles on the dequantized weight) run
-    the same FMA chains: equal bits for every tile height, a K that is no multiple of the k block, bias
-    and several row blocks; and a row alone equals it in the batch."""
+    """fp32 linear_packed of 16-wide panels (at 512-bit width: 8-row x 3-panel tiles over packed
+    activations, K in blocks of 128) runs the same FMA chains as the 8-wide panels' 256-bit tiles
+    (each 8 output features packed alone): equal bits for every tile height, a K that is no multiple of
+    the k block, bias and several row blocks; the quantized panel GEMM on the dequantized weight too;
+    and a row alone equals it in the batch."""
     from radixlm.kernels.quant.formats import quantize_int8
 
     gemm = _cpu_gemm()
@@ -260,9 +261,12 @@ def test_cpu_linear_fp32_packed_tiles_give_the_microkernel_bits(out_features):
     q = quantize_int8(torch.randn(out_features, k, generator=g))
     wd = ops.quant_dequantize(q, 0, k)
     packed, bias = gemm.prepare(wd.clone()), torch.randn(out_features, generator=g)
+    narrow = [(gemm.prepare(wd[j:j + 8].clone()), bias[j:j + 8]) for j in range(0, out_features, 8)]
+    assert packed.shape[2] == 16 and all(p.shape[2] == 8 for p, _ in narrow)
     for m in (1, 3, 7, 8, 9, 17, 96, 97, 200, 600):  # K = 320: 512 rows a packed block
         x = torch.randn(m, k, generator=g)
         y = gemm.linear(x, packed, bias)
+        assert torch.equal(y, torch.cat([gemm.linear(x, p, b) for p, b in narrow], dim=1)), m
         assert torch.equal(y, ops.quant_linear_panels(x, q, 0, k, bias)), m
         assert torch.equal(gemm.linear(x[m // 2:m // 2 + 1], packed, bias), y[m // 2:m // 2 + 1]), m
         ref = F.linear(x.double(), wd.double(), bias.double())  # within a k-term chain's rounding bound

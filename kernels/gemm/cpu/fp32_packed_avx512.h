@@ -69,6 +69,39 @@ inline void packed_tile(const float* xp, const float* panel, int64_t ps, int64_t
     }
 }
 
+// Rows [m0, m1) of x packed tile by tile: the tile at row m starts at xp + (m - m0) * K.
+inline void pack_block(const float* x, int64_t ldx, int64_t m0, int64_t m1, int64_t K, float* xp) {
+  near_equal_tiles<kPackedRows>(m0, m1, [&](auto r, int64_t m) {
+    pack_rows<decltype(r)::value>(x + m * ldx, ldx, K, xp + (m - m0) * K);
+  });
+}
+
+// Rows [m0, m1) (packed by pack_block into xp) times np (<= 3) panels at `panels` (stride ps = K * 16)
+// into y's columns (y, bias offset to the first panel's column). next (or null): the slice to fetch
+// after the last k block (the next group's panels, next_np of them).
+inline void packed_group(const float* xp, int64_t m0, int64_t m1, int64_t K, const float* panels, int64_t ps,
+                         int64_t np, float* y, int64_t ldy, const float* bias, const float* next, int64_t next_np) {
+  for (int64_t k0 = 0; k0 < K; k0 += kKBlock) {
+    const int64_t kc = std::min(kKBlock, K - k0);
+    const bool first = k0 == 0, last = k0 + kc == K;
+    const float* pk = panels + k0 * 16;
+    const float* b = last ? bias : nullptr;
+    const float* pf = !last ? pk + kKBlock * 16 : next;  // the slice this thread reads next
+    const int64_t pf_np = !last ? np : next_np;
+    bool first_tile = true;
+    near_equal_tiles<kPackedRows>(m0, m1, [&](auto r, int64_t m) {
+      constexpr int R = decltype(r)::value;
+      const float* xt = xp + (m - m0) * K + k0 * R;
+      float* yt = y + (m - m0) * ldy;
+      const float* f = first_tile ? pf : nullptr;  // kc lines a panel (a prefetch never faults)
+      first_tile = false;
+      if (np == 3) packed_tile<R, 3>(xt, pk, ps, kc, yt, ldy, first, b, f, pf_np);
+      else if (np == 2) packed_tile<R, 2>(xt, pk, ps, kc, yt, ldy, first, b, f, pf_np);
+      else packed_tile<R, 1>(xt, pk, ps, kc, yt, ldy, first, b, f, pf_np);
+    });
+  }
+}
+
 // y (M, N) = x (M, K; row stride ldx) W^T (+ bias) for W packed as (N / 16, K, 16) panels.
 inline void linear_packed_fp32_avx512(const float* x, int64_t ldx, int64_t M, const float* w, int64_t N, int64_t K,
                                       const float* bias, float* y) {
@@ -78,33 +111,14 @@ inline void linear_packed_fp32_avx512(const float* x, int64_t ldx, int64_t M, co
   std::vector<float> xp(std::min(M, row_block) * K);
   for (int64_t m0 = 0; m0 < M; m0 += row_block) {
     const int64_t m1 = std::min(M, m0 + row_block);
-    // tile t covers rows [m0 + off, m0 + off + h) and its packed copy starts at xp + off * K
-    near_equal_tiles<kPackedRows>(m0, m1, [&](auto r, int64_t m) {
-      pack_rows<decltype(r)::value>(x + m * ldx, ldx, K, xp.data() + (m - m0) * K);
-    });
+    pack_block(x, ldx, m0, m1, K, xp.data());
     at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
       for (int64_t g = g0; g < g1; ++g) {
         const int64_t p = g * kPackedPanels, np = std::min<int64_t>(kPackedPanels, panels - p);
-        for (int64_t k0 = 0; k0 < K; k0 += kKBlock) {
-          const int64_t kc = std::min(kKBlock, K - k0);
-          const bool first = k0 == 0, last = k0 + kc == K;
-          const float* pk = w + p * ps + k0 * 16;
-          const float* b = last && bias != nullptr ? bias + p * 16 : nullptr;
-          // the next slice this thread reads: the same panels' next k block, else the next group's first
-          const float* next = !last ? pk + kKBlock * 16 : g + 1 < g1 ? w + (p + kPackedPanels) * ps : nullptr;
-          const int64_t next_np = !last ? np : std::min<int64_t>(kPackedPanels, panels - p - kPackedPanels);
-          bool first_tile = true;
-          near_equal_tiles<kPackedRows>(m0, m1, [&](auto r, int64_t m) {
-            constexpr int R = decltype(r)::value;
-            const float* xt = xp.data() + (m - m0) * K + k0 * R;
-            float* yt = y + m * N + p * 16;
-            const float* pf = first_tile ? next : nullptr;  // kc lines a panel (a prefetch never faults)
-            first_tile = false;
-            if (np == 3) packed_tile<R, 3>(xt, pk, ps, kc, yt, N, first, b, pf, next_np);
-            else if (np == 2) packed_tile<R, 2>(xt, pk, ps, kc, yt, N, first, b, pf, next_np);
-            else packed_tile<R, 1>(xt, pk, ps, kc, yt, N, first, b, pf, next_np);
-          });
-        }
+        const bool more = g + 1 < g1;
+        packed_group(xp.data(), m0, m1, K, w + p * ps, ps, np, y + m0 * N + p * 16, N,
+                     bias != nullptr ? bias + p * 16 : nullptr, more ? w + (p + np) * ps : nullptr,
+                     more ? std::min<int64_t>(kPackedPanels, panels - p - np) : 0);
       }
     });
   }
