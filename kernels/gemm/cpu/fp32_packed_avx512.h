@@ -5,8 +5,8 @@
 // loads the P panel vectors and broadcasts R activations from a packed copy of the tile's rows
 // (xp[k * R + r]: one contiguous stream instead of R strided ones), 11 loads for 24 FMAs, so it is
 // FMA-bound where the 12 x 16 tile of microkernel.h (13 loads for 12 FMAs, 12 strided activation
-// streams) is load-bound: on a 2-core Ice Lake Xeon 85 -> ~100 GFLOP/s a core at 96 x 576 x 1536
-// (standalone harness; peak ~133 measured with register-only FMAs). K runs in blocks of kKBlock so
+// streams) is load-bound: one Ice Lake Xeon core, 96 x 576 x 1536, 58 -> 97-109 GFLOP/s (standalone
+// harness; ~133 with register-only FMAs). K runs in blocks of kKBlock so
 // the P panels' slice (kKBlock x 48 floats, 24 KB) stays in L1 while every row tile of the block
 // passes over it; the partial sums wait in y between k blocks (an fp32 store and load are exact).
 //
