@@ -8,10 +8,11 @@ from radixlm.kernels.gemm.base import GemmBackend
 
 
 def create_gemm_backend(name: str, device: torch.device, dtype: torch.dtype) -> GemmBackend:
-    """Return a ``GemmBackend``. ``auto`` on CPU: for fp32 radixlm's packed-panel C++ kernel
-    (``cpu``) when it builds here; else onednn where oneDNN supports ``dtype`` with a packed-weight
-    kernel (fp32 anywhere oneDNN runs; bf16/fp16 only with the vector units oneDNN needs for them);
-    else torch_native. Elsewhere torch_native.
+    """Return a ``GemmBackend``. ``auto`` on CPU: for fp32, and for bf16 on a CPU without AMX-BF16 /
+    AVX512-BF16, radixlm's packed-panel C++ kernel (``cpu``: batch-invariant) when it builds here;
+    else onednn where oneDNN supports ``dtype`` with a packed-weight kernel (fp32 anywhere oneDNN runs;
+    bf16/fp16 only with the vector units oneDNN needs for them); else torch_native. Elsewhere
+    torch_native.
 
     Raises:
         ValueError: an unknown name, or onednn / cpu asked for where it cannot run.
@@ -23,7 +24,11 @@ def create_gemm_backend(name: str, device: torch.device, dtype: torch.dtype) -> 
     if name == "auto":
         name = "torch_native"
         if device.type == "cpu":
-            if dtype == torch.float32:
+            from radixlm.srt.cpu_runtime import cpu_info, prefers_bf16
+
+            # bf16 without native bf16 units: oneDNN emulates it with blockings that depend on M, so
+            # greedy output would depend on the batch; the cpu kernel's fp32 chains do not.
+            if dtype == torch.float32 or (dtype == torch.bfloat16 and not prefers_bf16(cpu_info())):
                 from radixlm.kernels.cpu_extension import cpu_kernels_error
 
                 name = "cpu" if cpu_kernels_error() is None else name

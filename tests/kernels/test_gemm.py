@@ -58,8 +58,15 @@ def test_create_gemm_backend_choices():
     auto = create_gemm_backend("auto", CPU, torch.float32)
     assert auto.name == ("cpu" if cpu_kernels_error() is None else
                          "onednn" if onednn_supports(torch.float32) else "torch_native")
-    assert create_gemm_backend("auto", CPU, torch.bfloat16).name == (
-        "onednn" if onednn_supports(torch.bfloat16) else "torch_native")
+    from radixlm.srt.cpu_runtime import cpu_info, prefers_bf16
+
+    # bf16: oneDNN only with native bf16 units; without them the batch-invariant cpu kernel
+    bf16 = create_gemm_backend("auto", CPU, torch.bfloat16).name
+    if prefers_bf16(cpu_info()):
+        assert bf16 == ("onednn" if onednn_supports(torch.bfloat16) else "torch_native")
+    else:
+        assert bf16 == ("cpu" if cpu_kernels_error() is None else
+                        "onednn" if onednn_supports(torch.bfloat16) else "torch_native")
     assert isinstance(create_gemm_backend("torch_native", CPU, torch.float32), TorchNativeGemm)
     assert create_gemm_backend("auto", torch.device("cuda"), torch.float32).name == "torch_native"
     with pytest.raises(ValueError, match="unknown GEMM backend"):
