@@ -19,7 +19,7 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <vector>
+#include <memory>
 
 #include "microkernel.h"
 
@@ -33,6 +33,10 @@ constexpr int64_t kPackedBytes = 640 << 10;  // packed rows of x per block (in L
 // Rows per packed block: as many as kPackedBytes hold (at least 96, a multiple of 8), so a weight
 // streams from memory once for up to ~270 rows at K = 576 (the lm_head at decode batch 128).
 inline int64_t packed_row_block(int64_t K) { return std::max<int64_t>(96, kPackedBytes / (4 * K) / 8 * 8); }
+
+// Scratch of n floats, uninitialized (every element is written before it is read; a zero fill of
+// the packed rows would double their writes on every call).
+inline std::unique_ptr<float[]> scratch(int64_t n) { return std::unique_ptr<float[]>(new float[n]); }
 
 // Rows [0, R) of x (ldx) as xp[k * R + r], k in [0, K).
 template <int R>
@@ -108,15 +112,15 @@ inline void linear_packed_fp32_avx512(const float* x, int64_t ldx, int64_t M, co
   const int64_t panels = N / 16, ps = K * 16;
   const int64_t groups = (panels + kPackedPanels - 1) / kPackedPanels;
   const int64_t row_block = packed_row_block(K);
-  std::vector<float> xp(std::min(M, row_block) * K);
+  const auto xp = scratch(std::min(M, row_block) * K);
   for (int64_t m0 = 0; m0 < M; m0 += row_block) {
     const int64_t m1 = std::min(M, m0 + row_block);
-    pack_block(x, ldx, m0, m1, K, xp.data());
+    pack_block(x, ldx, m0, m1, K, xp.get());
     at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
       for (int64_t g = g0; g < g1; ++g) {
         const int64_t p = g * kPackedPanels, np = std::min<int64_t>(kPackedPanels, panels - p);
         const bool more = g + 1 < g1;
-        packed_group(xp.data(), m0, m1, K, w + p * ps, ps, np, y + m0 * N + p * 16, N,
+        packed_group(xp.get(), m0, m1, K, w + p * ps, ps, np, y + m0 * N + p * 16, N,
                      bias != nullptr ? bias + p * 16 : nullptr, more ? w + (p + np) * ps : nullptr,
                      more ? std::min<int64_t>(kPackedPanels, panels - p - np) : 0);
       }

@@ -569,19 +569,19 @@ void linear_panels_impl(const float* xp, int64_t ldx, int64_t M, const uint8_t* 
   if (pw == 16) {  // fp32_packed_avx512.h's tiles on groups of 3 dequantized panels: the same chains
     using namespace radixlm_gemm;
     const int64_t groups = (panels + kPackedPanels - 1) / kPackedPanels, ps = K * 16;
-    std::vector<float> xpk(M * K);  // all rows packed once: each group's panels pass over every row
+    const auto xpk = scratch(M * K);  // all rows packed once: each group's panels pass over every row
     const int64_t row_block = packed_row_block(K);
-    for (int64_t m0 = 0; m0 < M; m0 += row_block) pack_block(xp, ldx, m0, std::min(M, m0 + row_block), K, xpk.data() + m0 * K);
+    for (int64_t m0 = 0; m0 < M; m0 += row_block) pack_block(xp, ldx, m0, std::min(M, m0 + row_block), K, xpk.get() + m0 * K);
     at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
-      std::vector<float> rows(16 * K), group(kPackedPanels * ps);
+      const auto rows = scratch(16 * K), group = scratch(kPackedPanels * ps);
       for (int64_t g = g0; g < g1; ++g) {
         const int64_t p = g * kPackedPanels, np = std::min<int64_t>(kPackedPanels, panels - p);
         for (int64_t i = 0; i < np; ++i) {
-          for (int64_t j = 0; j < 16; ++j) dequantize_row_vec<FMT>(wp + ((p + i) * 16 + j) * rb, K, rows.data() + j * K);
-          transpose_rows_to_panel(rows.data(), 16, K, group.data() + i * ps);
+          for (int64_t j = 0; j < 16; ++j) dequantize_row_vec<FMT>(wp + ((p + i) * 16 + j) * rb, K, rows.get() + j * K);
+          transpose_rows_to_panel(rows.get(), 16, K, group.get() + i * ps);
         }
         for (int64_t m0 = 0; m0 < M; m0 += row_block)
-          packed_group(xpk.data() + m0 * K, m0, std::min(M, m0 + row_block), K, group.data(), ps, np, yp + m0 * N + p * 16,
+          packed_group(xpk.get() + m0 * K, m0, std::min(M, m0 + row_block), K, group.get(), ps, np, yp + m0 * N + p * 16,
                        N, bp != nullptr ? bp + p * 16 : nullptr, nullptr, 0);
       }
     });
