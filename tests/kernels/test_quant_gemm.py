@@ -97,6 +97,17 @@ def test_decode_kernel_equals_dequantized_matmul(fmt, m):
 
 
 @pytest.mark.parametrize("fmt", list(FORMATS))
+@pytest.mark.parametrize("k", [32, 96, 512, 736, 1536])  # 1, 3, 16, 23, 48 blocks a row: scale runs of 16 and tails
+@pytest.mark.parametrize("m", [1, 3])
+def test_decode_kernel_fp32_activations_over_block_counts(fmt, k, m):
+    w = _weight(21, k, k + m)
+    packed = _pack(fmt, w)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(k))
+    y = _ops().quant_linear(x, packed, get_format(fmt).code, k, False)
+    torch.testing.assert_close(y, F.linear(x, dequantize_reference(packed, fmt, k)), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
 @pytest.mark.parametrize("int8_activations", [True, False])
 def test_quant_gemm_backend_both_paths(fmt, int8_activations):
     k, n = 96, 40
