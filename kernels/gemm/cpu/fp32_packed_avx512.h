@@ -45,11 +45,17 @@ inline void pack_rows(const float* x, int64_t ldx, int64_t K, float* xp) {
     for (int r = 0; r < R; ++r) xp[k * R + r] = x[r * ldx + k];
 }
 
+// Lines ahead (k steps) at which a slice's first tile asks for its own panels' lines into L1.
+constexpr int64_t kL1Ahead = 8;
+
 // y[r, 16 p + j] (+)= sum_{k in [k0, k0 + kc)} xp[k, r] * panel_p[k, j]; first: the chains start at 0,
 // else at y's partial sums; bias (non-null on the last k block only) is added after the chain.
-// pf (or null): the next slice of the panels, fetched into L2 line by line (one 64-byte line per k
-// and panel) while this tile computes, so the next slice's first tile does not wait on memory.
-template <int R, int P>
+// kLeads (a slice's first tile, which meets its panels' lines before any other tile): it asks for
+// them into L1 kL1Ahead k steps before it loads them (the slice was fetched into L2 by the previous
+// slice's first tile, but an L2 hit per line still stalled that tile to ~3.5x the others), and
+// fetches pf (the next slice, pf_panels panels) into L2 line by line (one 64-byte line per k and
+// panel). The other tiles run the loop without either (a prefetch in their loop slowed them).
+template <int R, int P, bool kLeads>
 inline void packed_tile(const float* xp, const float* panel, int64_t ps, int64_t kc, float* y, int64_t ldy, bool first,
                         const float* bias, const float* pf, int64_t pf_panels) {
   __m512 acc[R][P];
@@ -58,8 +64,13 @@ inline void packed_tile(const float* xp, const float* panel, int64_t ps, int64_t
   for (int64_t k = 0; k < kc; ++k) {
     __m512 b[P];
     for (int p = 0; p < P; ++p) b[p] = _mm512_loadu_ps(panel + p * ps + k * 16);
-    if (pf != nullptr)
-      for (int64_t p = 0; p < pf_panels; ++p) _mm_prefetch(reinterpret_cast<const char*>(pf + p * ps + k * 16), _MM_HINT_T1);
+    if constexpr (kLeads) {
+      for (int p = 0; p < P; ++p)
+        _mm_prefetch(reinterpret_cast<const char*>(panel + p * ps + (k + kL1Ahead) * 16), _MM_HINT_T0);
+      if (pf != nullptr)
+        for (int64_t p = 0; p < pf_panels; ++p)
+          _mm_prefetch(reinterpret_cast<const char*>(pf + p * ps + k * 16), _MM_HINT_T1);
+    }
     for (int r = 0; r < R; ++r) {
       const __m512 a = _mm512_set1_ps(xp[k * R + r]);
       for (int p = 0; p < P; ++p) acc[r][p] = _mm512_fmadd_ps(a, b[p], acc[r][p]);
@@ -97,11 +108,15 @@ inline void packed_group(const float* xp, int64_t m0, int64_t m1, int64_t K, con
       constexpr int R = decltype(r)::value;
       const float* xt = xp + (m - m0) * K + k0 * R;
       float* yt = y + (m - m0) * ldy;
-      const float* f = first_tile ? pf : nullptr;  // kc lines a panel (a prefetch never faults)
-      first_tile = false;
-      if (np == 3) packed_tile<R, 3>(xt, pk, ps, kc, yt, ldy, first, b, f, pf_np);
-      else if (np == 2) packed_tile<R, 2>(xt, pk, ps, kc, yt, ldy, first, b, f, pf_np);
-      else packed_tile<R, 1>(xt, pk, ps, kc, yt, ldy, first, b, f, pf_np);
+      // kc lines a panel either way (a prefetch past the weight never faults)
+      if (first_tile) {
+        first_tile = false;
+        if (np == 3) packed_tile<R, 3, true>(xt, pk, ps, kc, yt, ldy, first, b, pf, pf_np);
+        else if (np == 2) packed_tile<R, 2, true>(xt, pk, ps, kc, yt, ldy, first, b, pf, pf_np);
+        else packed_tile<R, 1, true>(xt, pk, ps, kc, yt, ldy, first, b, pf, pf_np);
+      } else if (np == 3) packed_tile<R, 3, false>(xt, pk, ps, kc, yt, ldy, first, b, nullptr, 0);
+      else if (np == 2) packed_tile<R, 2, false>(xt, pk, ps, kc, yt, ldy, first, b, nullptr, 0);
+      else packed_tile<R, 1, false>(xt, pk, ps, kc, yt, ldy, first, b, nullptr, 0);
     });
   }
 }
