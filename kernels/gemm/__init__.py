@@ -7,9 +7,17 @@ import torch
 from radixlm.kernels.gemm.base import GemmBackend
 
 
+def bf16_pairs_preferred(info, capability: str) -> bool:
+    """Whether ``auto`` takes the cpu kernel's vdpbf16ps tiles for bf16: an AVX-512 build
+    (``capability``: torch.backends.cpu.get_cpu_capability()) on a CPU (``info``: a CpuInfo) with
+    AVX512-BF16 and without AMX-BF16, for which oneDNN has faster bf16 tiles."""
+    return capability.startswith("AVX512") and "avx512_bf16" in info.flags and "amx_bf16" not in info.flags
+
+
 def create_gemm_backend(name: str, device: torch.device, dtype: torch.dtype) -> GemmBackend:
     """Return a ``GemmBackend``. ``auto`` on CPU: for fp32, and for bf16 on a CPU without AMX-BF16 /
-    AVX512-BF16, radixlm's packed-panel C++ kernel (``cpu``: batch-invariant) when it builds here;
+    AVX512-BF16 or with AVX512-BF16 but no AMX, radixlm's packed-panel C++ kernel (``cpu``:
+    batch-invariant) when it builds here;
     else onednn where oneDNN supports ``dtype`` with a packed-weight kernel (fp32 anywhere oneDNN runs;
     bf16/fp16 only with the vector units oneDNN needs for them); else torch_native. Elsewhere
     torch_native.
@@ -27,8 +35,12 @@ def create_gemm_backend(name: str, device: torch.device, dtype: torch.dtype) -> 
             from radixlm.srt.cpu_runtime import cpu_info, prefers_bf16
 
             # bf16 without native bf16 units: oneDNN emulates it with blockings that depend on M, so
-            # greedy output would depend on the batch; the cpu kernel's fp32 chains do not.
-            if dtype == torch.float32 or (dtype == torch.bfloat16 and not prefers_bf16(cpu_info())):
+            # greedy output would depend on the batch; the cpu kernel's fp32 chains do not. With
+            # AVX512-BF16 but no AMX the cpu kernel's vdpbf16ps tiles are batch-invariant too and
+            # faster than oneDNN's up to ~128 rows (bench_gemm.py, docs/benchmarks.md); with AMX
+            # oneDNN's tiles are several times faster, so they stay the default there.
+            info = cpu_info()
+            if dtype == torch.float32 or (dtype == torch.bfloat16 and (not prefers_bf16(info) or bf16_pairs_preferred(info, torch.backends.cpu.get_cpu_capability()))):
                 from radixlm.kernels.cpu_extension import cpu_kernels_error
 
                 name = "cpu" if cpu_kernels_error() is None else name

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from radixlm.kernels.gemm import create_gemm_backend
+from radixlm.kernels.gemm import bf16_pairs_preferred, create_gemm_backend
 from radixlm.kernels.gemm.onednn import OneDnnGemm, onednn_supports
 from radixlm.kernels.gemm.torch_native import TorchNativeGemm
 
@@ -52,6 +52,17 @@ def test_onednn_linear_bf16():
     torch.testing.assert_close(y.float(), F.linear(x.float(), w.float()), rtol=2e-2, atol=2e-2)
 
 
+def test_bf16_pairs_only_with_avx512_bf16_and_without_amx():
+    from radixlm.srt.cpu_runtime import CpuInfo
+
+    zen4 = CpuInfo("AMD EPYC", ("avx2", "avx512f", "avx512_bf16"), 2)
+    assert bf16_pairs_preferred(zen4, "AVX512")
+    assert not bf16_pairs_preferred(zen4, "AVX2")  # an AVX2 build has no vdpbf16ps tiles
+    spr = CpuInfo("Xeon", ("avx512f", "avx512_bf16", "amx_bf16", "amx_tile"), 2)
+    assert not bf16_pairs_preferred(spr, "AVX512")  # AMX: oneDNN's tiles
+    assert not bf16_pairs_preferred(CpuInfo("Xeon", ("avx2", "avx512f"), 2), "AVX512")  # no bf16 units
+
+
 def test_create_gemm_backend_choices():
     from radixlm.kernels.cpu_extension import cpu_kernels_error
 
@@ -60,9 +71,11 @@ def test_create_gemm_backend_choices():
                          "onednn" if onednn_supports(torch.float32) else "torch_native")
     from radixlm.srt.cpu_runtime import cpu_info, prefers_bf16
 
-    # bf16: oneDNN only with native bf16 units; without them the batch-invariant cpu kernel
+    # bf16: oneDNN's AMX tiles where AMX is; elsewhere the batch-invariant cpu kernel (vdpbf16ps
+    # tiles with AVX512-BF16, widened fp32 chains without bf16 units)
     bf16 = create_gemm_backend("auto", CPU, torch.bfloat16).name
-    if prefers_bf16(cpu_info()):
+    info = cpu_info()
+    if prefers_bf16(info) and not bf16_pairs_preferred(info, torch.backends.cpu.get_cpu_capability()):
         assert bf16 == ("onednn" if onednn_supports(torch.bfloat16) else "torch_native")
     else:
         assert bf16 == ("cpu" if cpu_kernels_error() is None else
@@ -279,3 +292,46 @@ def test_cpu_linear_fp32_packed_tiles_give_the_microkernel_bits(out_features):
         ref = F.linear(x.double(), wd.double(), bias.double())  # within a k-term chain's rounding bound
         bound = (k + 1) * 2.0 ** -24 * (F.linear(x.double().abs(), wd.double().abs()) + bias.double().abs())
         assert bool(((y.double() - ref).abs() <= bound).all()), m
+
+
+def test_cpu_linear_bf16_rounds_ties_to_even_and_keeps_nan():
+    """The fp32 sums are exact here (few terms, short mantissas), so y must be torch's own rounding
+    of them: ties go to the even bf16 (1 + 2^-8 -> 1, 1 + 3 * 2^-8 -> 1 + 2^-6), NaN stays NaN, on
+    every path (a row alone, 8-row tiles, 3-panel groups and a 2-panel tail)."""
+    gemm = _cpu_gemm()
+    n, k = 80, 64  # 5 panels: a group of 3 and one of 2
+    w = torch.zeros(n, k)
+    w[:, 0] = 1.0
+    w[:, 1] = torch.tensor([2.0 ** -8, 3 * 2.0 ** -8, -(2.0 ** -8), 2.0 ** -9, 1.0])[torch.arange(n) % 5]
+    w[7, 5] = float("nan")
+    x = torch.zeros(20, k)
+    x[:, 0], x[:, 1] = 1.0, torch.arange(20) % 3 + 1.0
+    b = (torch.arange(n) % 4 - 1.5) * 2.0 ** -8
+    w, x, b = w.bfloat16(), x.bfloat16(), b.bfloat16()
+    exact = (x.float() @ w.float().T + b.float()).bfloat16()  # every fp32 op here is exact
+    assert exact.float().isnan().sum() == 20
+    nan = exact.isnan()
+
+    def same(y: torch.Tensor, ref: torch.Tensor, nan: torch.Tensor) -> bool:  # NaN payloads aside
+        return torch.equal(y.isnan(), nan) and torch.equal(y[~nan].view(torch.int16), ref[~nan].view(torch.int16))
+
+    packed = gemm.prepare(w)
+    assert same(gemm.linear(x, packed, b), exact, nan)
+    for i in (0, 9, 19):
+        assert same(gemm.linear(x[i:i + 1], packed, b), exact[i:i + 1], nan[i:i + 1])
+
+
+@pytest.mark.parametrize("n,k", [(80, 1000), (48, 34), (960, 576)])
+def test_cpu_linear_bf16_rows_alone_equal_rows_in_any_batch(n, k):
+    """Few rows run one panel at a time front to back, more in 8-row x 3-panel tiles with K in
+    blocks: the same chains, so a row's bits do not depend on which path or tile it fell in."""
+    gemm = _cpu_gemm()
+    g = torch.Generator().manual_seed(n + k)
+    w, b = (torch.randn(n, k, generator=g) * 0.05).bfloat16(), torch.randn(n, generator=g).bfloat16()
+    packed = gemm.prepare(w)
+    x = torch.randn(200, k, generator=g).bfloat16()
+    full = gemm.linear(x, packed, b)
+    for lo, hi in ((0, 1), (3, 10), (5, 12), (8, 9), (17, 41), (100, 200), (199, 200)):
+        assert torch.equal(gemm.linear(x[lo:hi], packed, b).view(torch.int16), full[lo:hi].view(torch.int16)), (lo, hi)
+    exact = F.linear(x.double(), w.double()) + b.double()
+    assert ((full.double() - exact).abs() <= exact.abs() * 2 ** -8 + 1e-2).all()

@@ -9,7 +9,8 @@
 // bf16: weights and activations are widened to fp32 exactly (a bf16 is the top half of an fp32),
 // the chains accumulate in fp32 and the result is rounded to bf16 once (round-to-nearest-even, as
 // torch rounds), after the bias add in fp32. On CPUs with AVX512-BF16 the weight is packed in pair
-// panels instead and multiplied with vdpbf16ps (bf16_dot.h): the same rounding, twice the rate.
+// panels instead (bf16_dot.h) and multiplied with vdpbf16ps in 8-row x 48-column tiles over packed
+// activations (bf16_packed_avx512.h): the same rounding, twice the rate.
 //
 // The microkernel keeps a tile of R (<= 6) rows x 16 columns in 12 AVX2 registers (AVX-512: R <= 12
 // rows in 12 zmm registers, the same chains; 8-wide panels: 6;
@@ -34,6 +35,7 @@
 #include "bf16_dot.h"
 #include "microkernel.h"
 #ifdef CPU_CAPABILITY_AVX512
+#include "bf16_packed_avx512.h"
 #include "fp32_packed_avx512.h"
 #endif
 
@@ -48,9 +50,10 @@ void linear_impl(const at::Tensor& xc, const at::Tensor& w, const T* bp, at::Ten
   const T* wp = w.data_ptr<T>();
   T* yp = y.data_ptr<T>();
   const int64_t ldx = xc.stride(0);
-  bool pairs = false;
 #ifdef CPU_CAPABILITY_AVX512
-  if constexpr (std::is_same_v<T, at::BFloat16>) pairs = use_bf16_pairs(K, pw);
+  if constexpr (std::is_same_v<T, at::BFloat16>) {
+    if (use_bf16_pairs(K, pw)) return linear_pairs_bf16_avx512(xp, ldx, M, wp, N, K, bp, yp);  // bf16_packed_avx512.h
+  }
   if constexpr (std::is_same_v<T, float>) {
     if (pw == 16) return linear_packed_fp32_avx512(xp, ldx, M, wp, N, K, bp, yp);  // fp32_packed_avx512.h
   }
@@ -60,14 +63,6 @@ void linear_impl(const at::Tensor& xc, const at::Tensor& w, const T* bp, at::Ten
     at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
       for (int64_t p = p0; p < p1; ++p) {
         const T* b = bp != nullptr ? bp + p * pw : nullptr;
-#ifdef CPU_CAPABILITY_AVX512
-        if constexpr (std::is_same_v<T, at::BFloat16>) {
-          if (pairs) {
-            bf16_pair_panel_rows(xp, ldx, m0, m1, wp + p * K * pw, K, yp + p * pw, N, b);
-            continue;
-          }
-        }
-#endif
         panel_rows<T>(xp, ldx, m0, m1, wp + p * K * pw, pw, K, yp + p * pw, N, b);
       }
     });
