@@ -107,8 +107,3 @@ def all_reduce_min_list(tp: TpGroup, values: list[int]) -> list[int]:
     t = torch.tensor(values, dtype=torch.int64)
     dist.all_reduce(t, op=dist.ReduceOp.MIN, group=tp.cpu_group)
     return [int(v) for v in t.tolist()]
-
-
-def destroy_tp_group(tp: TpGroup) -> None:
-    if tp.size > 1 and dist.is_initialized():
-        dist.destroy_process_group()

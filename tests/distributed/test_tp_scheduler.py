@@ -21,7 +21,7 @@ def _rank_main(rank: int, size: int, init_file: str, model_path: str, prompts: l
     from radixlm.managers.io_struct import TokenizedGenerateReq
     from radixlm.managers.scheduler import Scheduler
     from radixlm.managers.tp_worker import TpModelWorker
-    from radixlm.srt.distributed import broadcast_messages, destroy_tp_group, init_tp_group
+    from radixlm.srt.distributed import broadcast_messages, init_tp_group
     from radixlm.srt.model_config import ModelConfig
     from radixlm.srt.model_loader import load_tokenizer
     from radixlm.srt.sampling_params import SamplingParams
@@ -55,7 +55,13 @@ def _rank_main(rank: int, size: int, init_file: str, model_path: str, prompts: l
     n_params = sum(p.numel() for p in worker.model_runner.model.parameters())
     out_q.put((rank, n_params, outputs, sched.internal_state().hicache))
     sched.close()
-    destroy_tp_group(tp)
+    torch.distributed.barrier()  # both ranks are past their last collective
+    out_q.close()
+    out_q.join_thread()  # the results are in the pipe before the exit below
+    # End as the scheduler process does (managers/scheduler_process._exit_now): no process-group or
+    # interpreter teardown. Tearing gloo down here aborted a rank now and then ("terminate called
+    # without an active exception", exit -6) after its results were in.
+    os._exit(0)
 
 
 def run_tp2(stories_path, prompts, extra: dict = {}, passes: int = 1) -> dict:  # noqa: B006
