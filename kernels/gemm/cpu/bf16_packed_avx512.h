@@ -16,8 +16,8 @@
 // or the thread, so a batch's rows equal the rows computed alone (batch invariance, the property
 // SGLang's --enable-deterministic-inference asks of its kernels).
 //
-// Compiled for AVX-512 builds; every function carries target("avx512bf16") and runs only where the
-// CPU reports the feature (use_bf16_pairs in bf16_dot.h).
+// Compiled for AVX-512 builds; the tiles and the rounding store carry target("avx512bf16") and run
+// only where the CPU reports the feature (use_bf16_pairs in bf16_dot.h).
 #pragma once
 
 #include <ATen/ATen.h>
