@@ -40,7 +40,8 @@ def create_gemm_backend(name: str, device: torch.device, dtype: torch.dtype) -> 
             # faster than oneDNN's up to ~128 rows (bench_gemm.py, docs/benchmarks.md); with AMX
             # oneDNN's tiles are several times faster, so they stay the default there.
             info = cpu_info()
-            if dtype == torch.float32 or (dtype == torch.bfloat16 and (not prefers_bf16(info) or bf16_pairs_preferred(info, torch.backends.cpu.get_cpu_capability()))):
+            pairs = bf16_pairs_preferred(info, torch.backends.cpu.get_cpu_capability())
+            if dtype == torch.float32 or (dtype == torch.bfloat16 and (not prefers_bf16(info) or pairs)):
                 from radixlm.kernels.cpu_extension import cpu_kernels_error
 
                 name = "cpu" if cpu_kernels_error() is None else name

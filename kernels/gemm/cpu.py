@@ -14,7 +14,8 @@ once: on an AVX2 CPU about as fast as fp32 from half the bytes. With AVX512-BF16
 pairs of k and multiplied with vdpbf16ps (``cpu/bf16_packed_avx512.h``): on a Zen 4 EPYC 1.7x oneDNN at
 1 row, 1.1-1.4x at 8-64, the same at 128, ~0.9x at 1024 and more (docs/benchmarks.md), so ``auto``
 uses it for bf16 there. Where oneDNN has AMX tiles they are several times faster, so ``auto`` uses
-this backend for bf16 on AMX only under ``--enable-deterministic-inference``. Weights of other dtypes stay dense and run through ``F.linear``.
+this backend for bf16 on AMX only under ``--enable-deterministic-inference``. Weights of other dtypes
+stay dense and run through ``F.linear``.
 """
 
 from __future__ import annotations

@@ -55,12 +55,6 @@ RADIXLM_BF16_TARGET inline void store_bf16x16(at::BFloat16* y, __m512 v) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(y), _mm512_cvtepi32_epi16(r));
 }
 
-// 16 bf16 -> 16 fp32 (exact).
-RADIXLM_BF16_TARGET inline __m512 load_bf16x16(const at::BFloat16* p) {
-  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-
 // Rows [0, R) of x (ldx) as 32-bit pairs, xp[kp * R + r] = (x[r, 2 kp], x[r, 2 kp + 1]), kp < K / 2.
 template <int R>
 inline void pack_pair_rows(const at::BFloat16* x, int64_t ldx, int64_t K, int32_t* xp) {
@@ -111,7 +105,7 @@ RADIXLM_BF16_TARGET inline void pair_tile(const int32_t* xp, const at::BFloat16*
         continue;
       }
       __m512 o = acc[r][p];
-      if (bias != nullptr) o = _mm512_add_ps(o, load_bf16x16(bias + 16 * p));
+      if (bias != nullptr) o = _mm512_add_ps(o, load16(bias + 16 * p));
       store_bf16x16(y + r * ldy + 16 * p, o);
     }
 }
@@ -128,7 +122,7 @@ RADIXLM_BF16_TARGET inline void pair_tile_np(int64_t np, const int32_t* xp, cons
 
 // Rows [m0, m1) (packed by pack_pair_block into xp) times np (<= 3) pair panels at `panels` (stride
 // ps = K * 16) into y's columns (y, bias offset to the first panel's column); part: (m1 - m0) x 48
-// fp32 scratch for the partial sums when K spans several k blocks. next (or null): the slice to
+// fp32 scratch for the partial sums, needed (non-null) only when K spans several k blocks. next (or null): the slice to
 // fetch after the last k block (the next group's panels, next_np of them).
 inline void pair_group(const int32_t* xp, int64_t m0, int64_t m1, int64_t K, const at::BFloat16* panels, int64_t ps,
                        int64_t np, float* part, at::BFloat16* y, int64_t ldy, const at::BFloat16* bias,
@@ -146,7 +140,7 @@ inline void pair_group(const int32_t* xp, int64_t m0, int64_t m1, int64_t K, con
     near_equal_tiles<kPairRows>(m0, m1, [&](auto r, int64_t m) {
       constexpr int R = decltype(r)::value;
       const int32_t* xt = xp + (m - m0) * Kp + k0 * R;
-      float* pt = part + (m - m0) * ldp;
+      float* pt = part != nullptr ? part + (m - m0) * ldp : nullptr;
       at::BFloat16* yt = last ? y + (m - m0) * ldy : nullptr;
       if (first_tile) {
         first_tile = false;
@@ -166,23 +160,25 @@ inline void linear_pairs_bf16_avx512(const at::BFloat16* x, int64_t ldx, int64_t
   const int64_t row_block = pair_row_block(K);
   const int64_t rows = std::min(M, row_block);
   std::unique_ptr<int32_t[]> xp(new int32_t[rows * (K / 2)]);  // every element written before it is read
+  if (M < kPairStreamRows) {
+    // Few rows: the weight streams from memory at most once whatever the tiles, so each thread reads
+    // its panels front to back (one sequential stream: P = 1, no k blocks, no software prefetch).
+    pack_pair_block(x, ldx, 0, M, K, xp.get());
+    at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
+      with_rows<kPairStreamRows - 1>(M, [&](auto r) {
+        for (int64_t p = p0; p < p1; ++p)
+          pair_tile<decltype(r)::value, 1, false>(xp.get(), w + p * ps, ps, K / 2, true, nullptr, 0, y + p * 16, N,
+                                                  bias != nullptr ? bias + p * 16 : nullptr, nullptr, 0);
+      });
+    });
+    return;
+  }
+  const bool k_blocks = K / 2 > kPairKBlock;  // partial sums wait in a scratch between k blocks
   for (int64_t m0 = 0; m0 < M; m0 += row_block) {
     const int64_t m1 = std::min(M, m0 + row_block);
     pack_pair_block(x, ldx, m0, m1, K, xp.get());
-    if (M < kPairStreamRows) {
-      // Few rows: the weight streams from memory at most once whatever the tiles, so each thread reads
-      // its panels front to back (one sequential stream: P = 1, no k blocks, no software prefetch).
-      at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
-        with_rows<kPairStreamRows - 1>(M, [&](auto r) {
-          for (int64_t p = p0; p < p1; ++p)
-            pair_tile<decltype(r)::value, 1, false>(xp.get(), w + p * ps, ps, K / 2, true, nullptr, 0, y + p * 16, N,
-                                                    bias != nullptr ? bias + p * 16 : nullptr, nullptr, 0);
-        });
-      });
-      continue;
-    }
     at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
-      std::unique_ptr<float[]> part(new float[(m1 - m0) * 16 * kPairPanels]);  // partial sums between k blocks
+      std::unique_ptr<float[]> part(k_blocks ? new float[(m1 - m0) * 16 * kPairPanels] : nullptr);
       for (int64_t g = g0; g < g1; ++g) {
         const int64_t p = g * kPairPanels, np = std::min<int64_t>(kPairPanels, panels - p);
         const bool more = g + 1 < g1;
