@@ -88,7 +88,9 @@ def test_stream_interval_batches_tokens_and_keeps_the_text(http, interval):
     full = http.post("/generate", json=body).json()
     data = sse_events(http, body)[:-1]
     counts = [e["meta_info"]["completion_tokens"] for e in data]
-    assert counts[0] == 1 and counts[-1] == 20
+    # The first event is the first emission point (1 token) unless the client fell behind and got the
+    # newest state instead (7 or 8 tokens in one fresh-clone CI run): either way an emission point.
+    assert counts[-1] == 20
     assert all(a < b for a, b in zip(counts, counts[1:])), counts
     assert all((c - 1) % interval == 0 for c in counts[:-1]), counts  # never between two emission points
     assert len(counts) <= 20 // interval + 2, counts  # chunked: not one event per token
