@@ -258,18 +258,25 @@ class ServerArgs:
 
     def model_dtype(self) -> str:
         """``--dtype`` for the model and its KV cache; ``auto`` with weights kept quantized on CPU
-        (``--quantization int8 | gguf``, or a GGUF file's default) means float32: the quantized kernels
-        compute in fp32, so bf16 activations would only add a conversion around every linear layer."""
+        (``--quantization int8 | gguf``, or a GGUF file's default) means float32, where the quantized
+        kernels compute in fp32 and bf16 activations would only add a conversion around every linear
+        layer; but GGUF blocks on a CPU with AVX512-BF16 mean bfloat16, where the 4-bit decode kernel
+        takes bf16 activations as they are (``kernels.quant.gemm.bf16_decode_preferred``)."""
         if self.dtype != "auto" or self.device == "cuda":
             return self.dtype
         from radixlm.srt.quantization import gguf_source
 
         method = self.quantization_method()
-        if method in ("int8", "gguf") or (method is None and gguf_source(self.model_path) is not None):
+        is_gguf = method == "gguf" or (method is None and gguf_source(self.model_path) is not None)
+        if method == "int8" or is_gguf:
             import torch
 
             if self.device == "cpu" or not torch.cuda.is_available():
-                return "float32"
+                from radixlm.kernels.quant.gemm import bf16_decode_preferred
+                from radixlm.srt.cpu_runtime import cpu_info
+
+                capability = torch.backends.cpu.get_cpu_capability()
+                return "bfloat16" if is_gguf and bf16_decode_preferred(cpu_info(), capability) else "float32"
         return "auto"
 
     def kernel_backend(self, kind: str) -> str:

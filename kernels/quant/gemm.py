@@ -8,7 +8,10 @@ the layer's weight into the packed uint8 rows of ``formats.py`` — quantizing t
   block once for all M rows, unpacking it in registers (see ``cpu/quant_gemm.cpp``). This is decode,
   where reading the weights is the cost. By default the weights are unpacked to fp32 in registers and
   dotted with fp32 x (exact up to fp32 rounding); with AVX-512 the GGUF formats run 16 lanes wide,
-  a 4-bit block as two lookups in a 16-entry table of its dequantized values (``quant_rows_avx512.h``). With ``int8_activations`` x is quantized to 8 bits
+  a 4-bit block as two lookups in a 16-entry table of its dequantized values (``quant_rows_avx512.h``).
+  bf16 x (a bf16 model) over 4-bit blocks on a CPU with AVX512-BF16 runs ``quant_rows_bf16_avx512.h``:
+  the nibbles become bf16 operands of ``vdpbf16ps`` in registers, y = dequantize(W) @ x up to fp32
+  rounding, then rounded to bf16 (no conversion of x or y around the call). With ``int8_activations`` x is quantized to 8 bits
   per block of 32 and the block dot products are integer (llama.cpp's scheme): ~1.4x faster for a
   4-bit linear on one AVX2 core, but on the demo model's chat prompt the rounding of its outlier
   activations changed the answer ("The capital of France is Paris." became unrelated text), so
@@ -34,6 +37,14 @@ import torch.nn.functional as F
 from radixlm.kernels.cpu_extension import load_cpu_kernels
 from radixlm.kernels.gemm.base import GemmBackend
 from radixlm.kernels.quant.formats import get_format, quantize_int8
+
+def bf16_decode_preferred(info, capability: str) -> bool:
+    """Whether GGUF 4-bit blocks decode faster with bf16 activations than fp32 ones here: an AVX-512
+    build (``capability``: torch.backends.cpu.get_cpu_capability()) on a CPU (``info``: a CpuInfo)
+    with AVX512-BF16, where ``quant_rows_bf16_avx512.h`` runs vdpbf16ps on the unpacked nibbles
+    (Zen 4 / 5, Cooper Lake, Sapphire Rapids and later). ``--dtype auto`` then serves a GGUF in bf16."""
+    return capability.startswith("AVX512") and "avx512_bf16" in info.flags
+
 
 # Rows of x up to which the decode kernel runs; beyond it the panel kernel is faster
 # (benchmarks/bench_quant_gemm.py; docs/benchmarks.md, "Quantized weights").
@@ -91,12 +102,14 @@ class QuantGemm(GemmBackend):
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
         # decode's 2-D fp32 x skips the reshape / cast / view calls (~1-2 us each, 121 linears a step)
         x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
-        xf = x2 if x2.dtype == torch.float32 else x2.float()
-        if xf.shape[0] <= SMALL_M:
-            y = self._linear(xf, weight, self.format.code, self.in_features, self.int8_activations)
+        if x2.shape[0] <= SMALL_M:
+            # bf16 x goes in as it is (the AVX512-BF16 kernel for 4-bit blocks; else widened in C++)
+            xs = x2 if x2.dtype in (torch.float32, torch.bfloat16) else x2.float()
+            y = self._linear(xs, weight, self.format.code, self.in_features, self.int8_activations)
             if bias is not None:
-                y = y + bias.float()
+                y = y.float() + bias.float()
         else:
+            xf = x2 if x2.dtype == torch.float32 else x2.float()
             y = self._panels(xf, weight, self.format.code, self.in_features, None if bias is None else bias.float())
         if y.dtype != x.dtype:
             y = y.to(x.dtype)

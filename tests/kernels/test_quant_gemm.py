@@ -107,6 +107,42 @@ def test_decode_kernel_fp32_activations_over_block_counts(fmt, k, m):
     torch.testing.assert_close(y, F.linear(x, dequantize_reference(packed, fmt, k)), rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("fmt", ["q4_0", "q4_1"])
+@pytest.mark.parametrize("k", [32, 96, 576, 736, 1536])  # 1, 3, 18, 23, 48 blocks: odd pair tails, scale windows
+def test_decode_kernel_bf16_activations_equals_dequantized_matmul_rounded(fmt, k):
+    """bf16 x over 4-bit blocks (vdpbf16ps on nibbles as bf16 128 + q where the CPU has AVX512-BF16,
+    else fp32 on the widened x): y is dequantize(W) @ x rounded to bf16 — within one bf16 step of the
+    exact product everywhere, equal to its rounding almost everywhere — and a row's result does not
+    depend on the other rows of the call (M = 1..8)."""
+    n = 43  # 10 groups of 4 rows and a tail of 3
+    w = _weight(n, k, k)
+    packed = _pack(fmt, w)
+    x = torch.randn(8, k, generator=torch.Generator().manual_seed(k)).bfloat16()
+    x[1, :32] = 0  # an all-zero activation block
+    x[2, -32:] *= 50  # an outlier block
+    ref = x.double() @ dequantize_reference(packed, fmt, k).double().T
+    code = get_format(fmt).code
+    y = _ops().quant_linear(x, packed, code, k, False)
+    assert y.dtype == torch.bfloat16 and y.shape == (8, n)
+    err = (y.double() - ref).abs()
+    assert (err <= ref.abs() * 2.0 ** -8 + 1e-6 * ref.abs().max()).all()
+    assert (y == ref.float().bfloat16()).double().mean() >= 0.97
+    for m in range(1, 8):
+        assert torch.equal(_ops().quant_linear(x[:m], packed, code, k, False), y[:m])
+    assert torch.equal(_ops().quant_linear(x[5:6], packed, code, k, False), y[5:6])
+
+
+@pytest.mark.parametrize("fmt", ["int8", "q8_0"])
+def test_decode_kernel_bf16_activations_other_formats_widen_to_fp32(fmt):
+    k = 96
+    packed = _pack(fmt, _weight(19, k, 3))
+    x = torch.randn(3, k).bfloat16()
+    code = get_format(fmt).code
+    y = _ops().quant_linear(x, packed, code, k, False)
+    assert y.dtype == torch.bfloat16
+    assert torch.equal(y, _ops().quant_linear(x.float(), packed, code, k, False).bfloat16())
+
+
 @pytest.mark.parametrize("fmt", list(FORMATS))
 @pytest.mark.parametrize("int8_activations", [True, False])
 def test_quant_gemm_backend_both_paths(fmt, int8_activations):

@@ -64,21 +64,35 @@ def test_openmp_env_keeps_the_users_choice():
     assert openmp_env({"OMP_WAIT_POLICY": "ACTIVE"}) == {}
 
 
-def test_auto_dtype_is_float32_for_weights_kept_quantized(stories_path):
-    """The quantized kernels compute in fp32: ``--dtype auto`` with int8 / GGUF blocks means float32
-    (bf16 would only add conversions around every linear); float weights keep auto's CPU choice."""
+def test_auto_dtype_for_weights_kept_quantized(stories_path):
+    """The int8 kernels compute in fp32: ``--dtype auto`` with int8 weights means float32 (bf16 would
+    only add conversions around every linear); GGUF blocks mean bfloat16 where the 4-bit decode kernel
+    takes bf16 activations natively (AVX512-BF16), else float32; float weights keep auto's CPU choice."""
+    from radixlm.kernels.quant.gemm import bf16_decode_preferred
     from radixlm.srt.server_args import ServerArgs
     from tests.conftest import STORIES_GGUF
 
     def dtype(**kw):
         return ServerArgs.from_kwargs(device="cpu", **kw).model_dtype()
 
+    gguf_auto = "bfloat16" if bf16_decode_preferred(cpu_info(), torch.backends.cpu.get_cpu_capability()) else "float32"
     assert dtype(model_path=stories_path, quantization="int8") == "float32"
-    assert dtype(model_path=str(STORIES_GGUF)) == "float32"  # a GGUF file keeps its blocks by default
+    assert dtype(model_path=str(STORIES_GGUF)) == gguf_auto  # a GGUF file keeps its blocks by default
+    assert dtype(model_path=stories_path, quantization="gguf") == gguf_auto
     assert dtype(model_path=str(STORIES_GGUF), quantization="none") == "auto"
     assert dtype(model_path=stories_path) == "auto"
     assert dtype(model_path=stories_path, quantization="int8", dtype="bfloat16") == "bfloat16"
     assert dtype(model_path=str(STORIES_GGUF), enable_deterministic_inference=True) == "auto"  # loads dequantized
+
+
+def test_bf16_decode_is_preferred_with_avx512_bf16_only():
+    from radixlm.kernels.quant.gemm import bf16_decode_preferred
+
+    zen4 = CpuInfo("AMD EPYC", ("avx2", "avx512f", "avx512_bf16"), 2)
+    spr = CpuInfo("Xeon", ("avx2", "avx512f", "avx512_bf16", "amx_bf16"), 2)
+    assert bf16_decode_preferred(zen4, "AVX512") and bf16_decode_preferred(spr, "AVX512")
+    assert not bf16_decode_preferred(zen4, "AVX2")  # an AVX2 build has no vdpbf16ps kernel
+    assert not bf16_decode_preferred(CpuInfo("Xeon", ("avx2", "avx512f"), 2), "AVX512")  # Ice Lake: fp32
 
 
 def test_tune_malloc_keeps_the_users_choice():

@@ -47,6 +47,7 @@
 #ifdef CPU_CAPABILITY_AVX512
 #include "../../gemm/cpu/fp32_packed_avx512.h"
 #include "quant_rows_avx512.h"
+#include "quant_rows_bf16_avx512.h"
 #endif
 
 namespace {
@@ -394,10 +395,35 @@ void gemm_rows(const uint8_t* w, int64_t rb, int64_t N, int64_t K, int64_t M, co
   });
 }
 
+// bf16 x: Q4_0 / Q4_1 on a CPU with AVX512-BF16 run quant_rows_bf16_avx512.h on x as it is; any other
+// format or CPU computes on x widened to fp32 (exact) and rounds y to bf16.
+at::Tensor quant_linear_fp32(const at::Tensor& x, const at::Tensor& w, int64_t fmt, int64_t K, bool int8_activations);
+
 at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& w, int64_t fmt, int64_t K, bool int8_activations) {
   check_weight(w, fmt, K);
-  TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kFloat && x.dim() == 2 && x.size(1) == K,
-              "quant_linear: x must be a CPU float32 (M, ", K, ") tensor, got ", x.sizes(), " ", x.scalar_type());
+  TORCH_CHECK(x.device().is_cpu() && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16) &&
+                  x.dim() == 2 && x.size(1) == K,
+              "quant_linear: x must be a CPU float32 or bfloat16 (M, ", K, ") tensor, got ", x.sizes(), " ",
+              x.scalar_type());
+  if (x.scalar_type() == at::kFloat) return quant_linear_fp32(x, w, fmt, K, int8_activations);
+#ifdef CPU_CAPABILITY_AVX512
+  if ((fmt == Q4_0 || fmt == Q4_1) && !int8_activations && radixlm_quant_rows::quant_rows_bf16_supported()) {
+    using radixlm_quant_rows::Kind;
+    const at::Tensor xc = x.contiguous();
+    const int64_t M = xc.size(0), N = w.size(0);
+    at::Tensor out = at::empty({M, N}, xc.options());
+    if (M == 0 || N == 0) return out;
+    const auto* xp = xc.data_ptr<at::BFloat16>();
+    auto* op = out.data_ptr<at::BFloat16>();
+    if (fmt == Q4_1) radixlm_quant_rows::quant_rows_bf16<Kind::Q4_1>(w.data_ptr<uint8_t>(), w.size(1), N, K, M, xp, op);
+    else radixlm_quant_rows::quant_rows_bf16<Kind::Q4_0>(w.data_ptr<uint8_t>(), w.size(1), N, K, M, xp, op);
+    return out;
+  }
+#endif
+  return quant_linear_fp32(x.to(at::kFloat), w, fmt, K, int8_activations).to(at::kBFloat16);
+}
+
+at::Tensor quant_linear_fp32(const at::Tensor& x, const at::Tensor& w, int64_t fmt, int64_t K, bool int8_activations) {
   const at::Tensor xc = x.contiguous();
   const int64_t M = xc.size(0), N = w.size(0), nb = K / QK;
   at::Tensor out = at::empty({M, N}, xc.options());
