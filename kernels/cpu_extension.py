@@ -33,7 +33,8 @@ HEADERS = [Path(__file__).parent / "attention" / "cpu" / "amx_attention.h",
            Path(__file__).parent / "gemm" / "cpu" / "microkernel.h", Path(__file__).parent / "gemm" / "cpu" / "transpose.h",
            Path(__file__).parent / "gemm" / "cpu" / "bf16_dot.h", Path(__file__).parent / "gemm" / "cpu" / "bf16_packed_avx512.h",
            Path(__file__).parent / "gemm" / "cpu" / "fp32_packed_avx512.h",
-           Path(__file__).parent / "quant" / "cpu" / "quant_rows_avx512.h"]  # included by SOURCES: part of the digest
+           Path(__file__).parent / "quant" / "cpu" / "quant_rows_avx512.h",
+           Path(__file__).parent / "quant" / "cpu" / "quant_rows_bf16_avx512.h"]  # included by SOURCES: part of the digest
 OPS = ("paged_attention", "add_rms_norm_", "rope", "silu_and_mul", "pack_linear_weight", "linear_packed",
        "quant_linear", "quant_dequantize", "quant_linear_panels", "argmax_rows")
 _CAPABILITY_FLAGS = {

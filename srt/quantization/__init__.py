@@ -12,7 +12,8 @@
 
 ``plan_quantization`` returns the GEMM backend of each quantized layer; the model runner hands every
 other layer its usual backend. Embedding tables stay float (a lookup reads a few rows). The decode
-kernel keeps activations in fp32 (kernels/quant/gemm.py says why).
+kernel takes the model's activations as they are, fp32 or (4-bit blocks on AVX512-BF16) bf16, never
+8-bit (kernels/quant/gemm.py says why).
 """
 
 from __future__ import annotations
