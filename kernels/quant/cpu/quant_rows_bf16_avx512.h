@@ -38,13 +38,6 @@
 
 namespace radixlm_quant_rows {
 
-// Row groups ahead that a tile prefetches, its lines spread over the tile's block pairs; each thread
-// first asks for its range's first kPfGroups groups at once. A decode step's weights stream from
-// memory once, and the rows' fp32 kernel (one burst of a group's lines per group, none for a range's
-// first groups) left the demo's 1536-wide down projection at ~10 GB/s; this way a bf16 step's 4-bit
-// linears took ~20 % less time (in-process, Zen 4, alternated builds; 2 or 8 groups: no better).
-constexpr int64_t kPfGroups = 4;
-
 inline bool quant_rows_bf16_supported() {
   static const bool has = __builtin_cpu_supports("avx512bf16");
   return has;
@@ -155,14 +148,14 @@ inline void rows_mb_bf16(const uint8_t* w, int64_t rb, int64_t N, int64_t nb, co
   const int64_t grain = std::max<int64_t>(1, 2048 / (nb * NR * MB));
   const int64_t group_lines = (NR * rb + 63) / 64;
   at::parallel_for(0, groups, grain, [&](int64_t begin, int64_t end) {
-    // the range's first groups at once, then each group asks for the one kPfGroups on while it computes
+    // the range's first groups at once, then each group asks for the one PF_GROUPS on (quant_rows_avx512.h)
     const uint8_t* first = w + begin * NR * rb;
-    for (int64_t l = 0; l < std::min(kPfGroups, end - begin) * group_lines; ++l)
+    for (int64_t l = 0; l < std::min(PF_GROUPS, end - begin) * group_lines; ++l)
       _mm_prefetch(reinterpret_cast<const char*>(first + 64 * l), _MM_HINT_T0);
     for (int64_t g = begin; g < end; ++g) {
-      const bool ahead = g + kPfGroups < end;
+      const bool ahead = g + PF_GROUPS < end;
       rows_tile_bf16<F, NR, MB>(w + g * NR * rb, rb, nb, xp, s, out + g * NR, ldo,
-                                ahead ? w + (g + kPfGroups) * NR * rb : w, ahead ? group_lines : 0);
+                                ahead ? w + (g + PF_GROUPS) * NR * rb : w, ahead ? group_lines : 0);
     }
   });
   for (int64_t n = groups * NR; n < N; ++n) rows_tile_bf16<F, 1, MB>(w + n * rb, rb, nb, xp, s, out + n, ldo, w, 0);
