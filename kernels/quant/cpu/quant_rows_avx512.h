@@ -156,25 +156,36 @@ inline void rows_tile(const uint8_t* row0, int64_t rb, int64_t nb, const float* 
 // bf16 step's 4-bit linears took ~20 % less time on a Zen 4, quant_rows_bf16_avx512.h.)
 constexpr int64_t PF_GROUPS = 4;
 
-// All N output rows for MB activation rows.
-template <Kind F, int MB>
-inline void rows_mb(const uint8_t* w, int64_t rb, int64_t N, int64_t nb, const float* x, int64_t K, float* out,
-                    int64_t ldo) {
-  constexpr int NR = MB <= 2 ? 4 : 2;
-  const int64_t groups = N / NR;
-  const int64_t grain = std::max<int64_t>(1, 2048 / (nb * NR * MB));
-  const int64_t group_lines = (NR * rb + 63) / 64;
+// tile(rows, n0, pf, pf_lines) for each group of NR consecutive weight rows (rows = row n0's bytes),
+// the groups split over threads (at::parallel_for, grain groups at least); pf / pf_lines: the lines a
+// tile is to prefetch (the group PF_GROUPS on, none near the end of a thread's range), and each
+// thread first asks for its range's first groups. Then tail(n) for the last N % NR rows.
+template <int NR, class Tile, class Tail>
+inline void for_row_groups(const uint8_t* w, int64_t rb, int64_t N, int64_t grain, const Tile& tile, const Tail& tail) {
+  const int64_t groups = N / NR, group_lines = (NR * rb + 63) / 64;
   at::parallel_for(0, groups, grain, [&](int64_t begin, int64_t end) {
     const uint8_t* first = w + begin * NR * rb;
     for (int64_t l = 0; l < std::min(PF_GROUPS, end - begin) * group_lines; ++l)
       _mm_prefetch(reinterpret_cast<const char*>(first + 64 * l), _MM_HINT_T0);
     for (int64_t g = begin; g < end; ++g) {
       const bool ahead = g + PF_GROUPS < end;
-      rows_tile<F, NR, MB>(w + g * NR * rb, rb, nb, x, K, out + g * NR, ldo,
-                           ahead ? w + (g + PF_GROUPS) * NR * rb : w, ahead ? group_lines : 0);
+      tile(w + g * NR * rb, g * NR, ahead ? w + (g + PF_GROUPS) * NR * rb : w, ahead ? group_lines : 0);
     }
   });
-  for (int64_t n = groups * NR; n < N; ++n) rows_tile<F, 1, MB>(w + n * rb, rb, nb, x, K, out + n, ldo, w, 0);
+  for (int64_t n = groups * NR; n < N; ++n) tail(n);
+}
+
+// All N output rows for MB activation rows.
+template <Kind F, int MB>
+inline void rows_mb(const uint8_t* w, int64_t rb, int64_t N, int64_t nb, const float* x, int64_t K, float* out,
+                    int64_t ldo) {
+  constexpr int NR = MB <= 2 ? 4 : 2;
+  for_row_groups<NR>(
+      w, rb, N, std::max<int64_t>(1, 2048 / (nb * NR * MB)),
+      [&](const uint8_t* rows, int64_t n0, const uint8_t* pf, int64_t pf_lines) {
+        rows_tile<F, NR, MB>(rows, rb, nb, x, K, out + n0, ldo, pf, pf_lines);
+      },
+      [&](int64_t n) { rows_tile<F, 1, MB>(w + n * rb, rb, nb, x, K, out + n, ldo, w, 0); });
 }
 
 // y (M, N) = x (M, K) W^T; M rows in passes of up to 4.

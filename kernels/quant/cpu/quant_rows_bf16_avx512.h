@@ -144,21 +144,12 @@ template <Kind F, int MB>
 inline void rows_mb_bf16(const uint8_t* w, int64_t rb, int64_t N, int64_t nb, const uint16_t* xp,
                          const float* s, float* out, int64_t ldo) {
   constexpr int NR = MB <= 2 ? 4 : 2;
-  const int64_t groups = N / NR;
-  const int64_t grain = std::max<int64_t>(1, 2048 / (nb * NR * MB));
-  const int64_t group_lines = (NR * rb + 63) / 64;
-  at::parallel_for(0, groups, grain, [&](int64_t begin, int64_t end) {
-    // the range's first groups at once, then each group asks for the one PF_GROUPS on (quant_rows_avx512.h)
-    const uint8_t* first = w + begin * NR * rb;
-    for (int64_t l = 0; l < std::min(PF_GROUPS, end - begin) * group_lines; ++l)
-      _mm_prefetch(reinterpret_cast<const char*>(first + 64 * l), _MM_HINT_T0);
-    for (int64_t g = begin; g < end; ++g) {
-      const bool ahead = g + PF_GROUPS < end;
-      rows_tile_bf16<F, NR, MB>(w + g * NR * rb, rb, nb, xp, s, out + g * NR, ldo,
-                                ahead ? w + (g + PF_GROUPS) * NR * rb : w, ahead ? group_lines : 0);
-    }
-  });
-  for (int64_t n = groups * NR; n < N; ++n) rows_tile_bf16<F, 1, MB>(w + n * rb, rb, nb, xp, s, out + n, ldo, w, 0);
+  for_row_groups<NR>(
+      w, rb, N, std::max<int64_t>(1, 2048 / (nb * NR * MB)),
+      [&](const uint8_t* rows, int64_t n0, const uint8_t* pf, int64_t pf_lines) {
+        rows_tile_bf16<F, NR, MB>(rows, rb, nb, xp, s, out + n0, ldo, pf, pf_lines);
+      },
+      [&](int64_t n) { rows_tile_bf16<F, 1, MB>(w + n * rb, rb, nb, xp, s, out + n, ldo, w, 0); });
 }
 
 // n fp32 -> bf16, rounded to nearest even (vcvtneps2bf16; NaN stays NaN).
