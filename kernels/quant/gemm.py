@@ -11,7 +11,10 @@ the layer's weight into the packed uint8 rows of ``formats.py`` — quantizing t
   a 4-bit block as two lookups in a 16-entry table of its dequantized values (``quant_rows_avx512.h``).
   bf16 x (a bf16 model) over 4-bit blocks on a CPU with AVX512-BF16 runs ``quant_rows_bf16_avx512.h``:
   the nibbles become bf16 operands of ``vdpbf16ps`` in registers, y = dequantize(W) @ x up to fp32
-  rounding, then rounded to bf16 (no conversion of x or y around the call). With ``int8_activations`` x is quantized to 8 bits
+  rounding, then rounded to bf16 (no conversion of x or y around the call). There the GGUF formats
+  (Q8_0 on x widened to fp32 by the 512-bit rows) take this op for *every* M, not the panel kernel
+  past ``SMALL_M``: each row's result is then the same alone or in any batch (bf16 greedy output must
+  not depend on batching or caching), at some cost in prefill and large batches (docs/benchmarks.md). With ``int8_activations`` x is quantized to 8 bits
   per block of 32 and the block dot products are integer (llama.cpp's scheme): ~1.4x faster for a
   4-bit linear on one AVX2 core, but on the demo model's chat prompt the rounding of its outlier
   activations changed the answer ("The capital of France is Paris." became unrelated text), so
@@ -80,6 +83,11 @@ class QuantGemm(GemmBackend):
         self._linear = torch.ops.radixlm_cpu.quant_linear
         self._dequantize = torch.ops.radixlm_cpu.quant_dequantize
         self._panels = torch.ops.radixlm_cpu.quant_linear_panels
+        # bf16 x over GGUF blocks on AVX512-BF16: the rows kernel for every M (batch-invariant rows)
+        from radixlm.srt.cpu_runtime import cpu_info
+
+        self._bf16_rows = (fmt in ("q4_0", "q4_1", "q8_0") and not int8_activations
+                           and bf16_decode_preferred(cpu_info(), torch.backends.cpu.get_cpu_capability()))
 
     def prepare(self, weight: torch.Tensor) -> torch.Tensor:
         if weight.dtype == torch.uint8:
@@ -102,7 +110,7 @@ class QuantGemm(GemmBackend):
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
         # decode's 2-D fp32 x skips the reshape / cast / view calls (~1-2 us each, 121 linears a step)
         x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
-        if x2.shape[0] <= SMALL_M:
+        if x2.shape[0] <= SMALL_M or (x2.dtype == torch.bfloat16 and self._bf16_rows):
             # bf16 x goes in as it is (the AVX512-BF16 kernel for 4-bit blocks; else widened in C++)
             xs = x2 if x2.dtype in (torch.float32, torch.bfloat16) else x2.float()
             y = self._linear(xs, weight, self.format.code, self.in_features, self.int8_activations)

@@ -78,3 +78,25 @@ def test_flag_resolves_auto_and_refuses_other_kernels():
     assert ServerArgs(model_path="m.gguf").quantization_method() is None
     with pytest.raises(ServerArgsError, match="CPU only"):
         ServerArgs(model_path="m", enable_deterministic_inference=True, device="cuda").validate()
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_bf16_gguf_blocks_do_not_depend_on_batch_chunking_or_cache(tmp_path, variant):
+    """A GGUF with its Q4_1 / Q4_0 / Q8_0 blocks kept, in bf16 (``--dtype auto`` on AVX512-BF16): the
+    quantized linears run the rows kernels for every number of rows (not a panel GEMM past 8 rows),
+    so logprobs are bitwise the same alone, batched, chunked and after cache hits."""
+    import torch
+
+    from radixlm.kernels.quant.gemm import bf16_decode_preferred
+    from radixlm.srt.cpu_runtime import cpu_info
+    from tests.conftest import STORIES_GGUF
+    from tests.engine.quant_models import STORIES_QUANT_LAYERS, STORIES_QUANT_TYPES, write_quantized_gguf
+
+    if not bf16_decode_preferred(cpu_info(), torch.backends.cpu.get_cpu_capability()) or not _bf16_auto_is_batch_invariant():
+        pytest.skip("no AVX512-BF16 rows kernel here, or bf16 dense layers on oneDNN (AMX)")
+    path = str(write_quantized_gguf(STORIES_GGUF, tmp_path / "stories260K-q.gguf", STORIES_QUANT_TYPES))
+    kw = {"dtype": "bfloat16", "max_total_tokens": 4096, "cache_dir": str(tmp_path)}
+    solo = traces(Engine(path, **kw), STORY_PROMPTS[:6], batched=False)
+    engine = Engine(path, **kw, **VARIANTS[variant])
+    assert engine.get_server_info()["internal_state"]["quantized_layers"] == STORIES_QUANT_LAYERS
+    assert traces(engine, STORY_PROMPTS[:6], batched=True) == solo

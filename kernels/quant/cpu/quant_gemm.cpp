@@ -395,8 +395,10 @@ void gemm_rows(const uint8_t* w, int64_t rb, int64_t N, int64_t K, int64_t M, co
   });
 }
 
-// bf16 x: Q4_0 / Q4_1 on a CPU with AVX512-BF16 run quant_rows_bf16_avx512.h on x as it is; any other
-// format or CPU computes on x widened to fp32 (exact) and rounds y to bf16.
+// bf16 x: Q4_0 / Q4_1 on a CPU with AVX512-BF16 run quant_rows_bf16_avx512.h on x as it is, and Q8_0
+// there runs the 512-bit rows on x widened to fp32 (exact), for every M: a row's result then does not
+// depend on the batch (kernels/quant/gemm.py sends such calls here whatever M). Any other format or
+// CPU computes on x widened to fp32 with the fp32 op below and rounds y to bf16.
 at::Tensor quant_linear_fp32(const at::Tensor& x, const at::Tensor& w, int64_t fmt, int64_t K, bool int8_activations);
 
 at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& w, int64_t fmt, int64_t K, bool int8_activations) {
@@ -418,6 +420,15 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& w, int64_t fmt, i
     if (fmt == Q4_1) radixlm_quant_rows::quant_rows_bf16<Kind::Q4_1>(w.data_ptr<uint8_t>(), w.size(1), N, K, M, xp, op);
     else radixlm_quant_rows::quant_rows_bf16<Kind::Q4_0>(w.data_ptr<uint8_t>(), w.size(1), N, K, M, xp, op);
     return out;
+  }
+  if (fmt == Q8_0 && !int8_activations && radixlm_quant_rows::quant_rows_bf16_supported()) {
+    const at::Tensor xf = x.to(at::kFloat).contiguous();
+    const int64_t M = xf.size(0), N = w.size(0);
+    at::Tensor out = at::empty({M, N}, xf.options());
+    if (M > 0 && N > 0)
+      radixlm_quant_rows::quant_rows<radixlm_quant_rows::Kind::Q8_0>(w.data_ptr<uint8_t>(), w.size(1), N, K, M,
+                                                                     xf.data_ptr<float>(), out.data_ptr<float>());
+    return out.to(at::kBFloat16);
   }
 #endif
   return quant_linear_fp32(x.to(at::kFloat), w, fmt, K, int8_activations).to(at::kBFloat16);

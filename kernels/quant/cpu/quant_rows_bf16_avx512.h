@@ -30,6 +30,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "quant_rows_avx512.h"
@@ -79,12 +80,14 @@ RADIXLM_QBF16_TARGET inline void rows_tile_bf16(const uint8_t* row0, int64_t rb,
                                                 int64_t pf_lines) {
   static_assert(F == Kind::Q4_0 || F == Kind::Q4_1, "4-bit formats only");
   constexpr int64_t kB = block_bytes(F), kQOff = F == Kind::Q4_1 ? 4 : 2;
+  constexpr bool kXRegs = MB <= 4;
   const int64_t nbp = (nb + 1) / 2;
   const __m512i low4 = _mm512_set1_epi8(0x0F), exp128 = _mm512_set1_epi8(0x43);
   const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-  __m512 acc[NR][MB], cacc[NR][MB];
+  __m512 acc[NR][MB];
+  alignas(64) float cacc[NR][MB][16] = {};  // the c_b s_b terms: touched once per 16 blocks, so in memory
   for (int r = 0; r < NR; ++r)
-    for (int j = 0; j < MB; ++j) acc[r][j] = cacc[r][j] = _mm512_setzero_ps();
+    for (int j = 0; j < MB; ++j) acc[r][j] = _mm512_setzero_ps();
   alignas(64) float dm[NR][32];
   // pf's lines (the rows some groups on) are asked for a few per block pair, spread over the tile
   const int64_t pf_step = (pf_lines + (nb + 1) / 2 - 1) / ((nb + 1) / 2);
@@ -105,17 +108,21 @@ RADIXLM_QBF16_TARGET inline void rows_tile_bf16(const uint8_t* row0, int64_t rb,
         c = _mm512_mul_ps(_mm512_set1_ps(-136.f), d);
       }
       for (int j = 0; j < MB; ++j)
-        cacc[r][j] = _mm512_fmadd_ps(c, _mm512_maskz_loadu_ps(live, s + j * nb + b0), cacc[r][j]);
+        _mm512_store_ps(cacc[r][j], _mm512_fmadd_ps(c, _mm512_maskz_loadu_ps(live, s + j * nb + b0),
+                                                     _mm512_load_ps(cacc[r][j])));
     }
     for (int64_t i = 0; i < nc; i += 2) {
       const int64_t b = b0 + i, p = b / 2;
       const bool pair = i + 1 < nc;  // nc is even except at the row's end
       for (const int64_t stop = std::min(pf_next + pf_step, pf_lines); pf_next < stop; ++pf_next)
         _mm_prefetch(reinterpret_cast<const char*>(pf + 64 * pf_next), _MM_HINT_T0);
-      __m512bh xl[MB], xh[MB];
-      for (int j = 0; j < MB; ++j) {
-        xl[j] = (__m512bh)_mm512_loadu_si512(xp + (j * nbp + p) * 64);
-        xh[j] = (__m512bh)_mm512_loadu_si512(xp + (j * nbp + p) * 64 + 32);
+      // up to 4 rows of x stay in registers for the pair; 8 rows are read from L1 per weight row
+      __m512bh xl[kXRegs ? MB : 1], xh[kXRegs ? MB : 1];
+      if constexpr (kXRegs) {
+        for (int j = 0; j < MB; ++j) {
+          xl[j] = (__m512bh)_mm512_loadu_si512(xp + (j * nbp + p) * 64);
+          xh[j] = (__m512bh)_mm512_loadu_si512(xp + (j * nbp + p) * 64 + 32);
+        }
       }
       for (int r = 0; r < NR; ++r) {
         const uint8_t* q = row0 + r * rb + b * kB + kQOff;
@@ -129,27 +136,61 @@ RADIXLM_QBF16_TARGET inline void rows_tile_bf16(const uint8_t* row0, int64_t rb,
         const __m512 scale = _mm512_mask_mov_ps(_mm512_set1_ps(dm[r][2 * i]), 0xF0F0,
                                                 _mm512_set1_ps(pair ? dm[r][2 * i + 2] : 0.f));
         for (int j = 0; j < MB; ++j) {
-          const __m512 dot = _mm512_dpbf16_ps(_mm512_dpbf16_ps(_mm512_setzero_ps(), wl, xl[j]), wh, xh[j]);
+          const __m512bh xlj = kXRegs ? xl[j] : (__m512bh)_mm512_loadu_si512(xp + (j * nbp + p) * 64);
+          const __m512bh xhj = kXRegs ? xh[j] : (__m512bh)_mm512_loadu_si512(xp + (j * nbp + p) * 64 + 32);
+          const __m512 dot = _mm512_dpbf16_ps(_mm512_dpbf16_ps(_mm512_setzero_ps(), wl, xlj), wh, xhj);
           acc[r][j] = _mm512_fmadd_ps(scale, dot, acc[r][j]);
         }
       }
     }
   }
   for (int r = 0; r < NR; ++r)
-    for (int j = 0; j < MB; ++j) out[j * ldo + r] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][j], cacc[r][j]));
+    for (int j = 0; j < MB; ++j)
+      out[j * ldo + r] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][j], _mm512_load_ps(cacc[r][j])));
 }
 
-// All N output rows for MB activation rows (fp32 out, ldo = N).
-template <Kind F, int MB>
-inline void rows_mb_bf16(const uint8_t* w, int64_t rb, int64_t N, int64_t nb, const uint16_t* xp,
-                         const float* s, float* out, int64_t ldo) {
-  constexpr int NR = MB <= 2 ? 4 : 2;
-  for_row_groups<NR>(
-      w, rb, N, std::max<int64_t>(1, 2048 / (nb * NR * MB)),
-      [&](const uint8_t* rows, int64_t n0, const uint8_t* pf, int64_t pf_lines) {
-        rows_tile_bf16<F, NR, MB>(rows, rb, nb, xp, s, out + n0, ldo, pf, pf_lines);
-      },
-      [&](int64_t n) { rows_tile_bf16<F, 1, MB>(w + n * rb, rb, nb, xp, s, out + n, ldo, w, 0); });
+// All M activation rows against one group of NR weight rows (rows: the group's first row), in passes
+// of 8 (then 4, then the rest) while the group's bytes stay in L1; the pf lines are asked for during
+// the first pass.
+template <Kind F, int NR>
+inline void group_rows_bf16(const uint8_t* rows, int64_t rb, int64_t nb, int64_t M, const uint16_t* xp,
+                            const float* s, float* out, int64_t N, const uint8_t* pf, int64_t pf_lines) {
+  const int64_t nbp = (nb + 1) / 2;
+  int64_t m = 0;
+  for (; m + 8 <= M; m += 8)
+    rows_tile_bf16<F, NR, 8>(rows, rb, nb, xp + m * nbp * 64, s + m * nb, out + m * N, N, pf, m == 0 ? pf_lines : 0);
+  if (m + 4 <= M) {
+    rows_tile_bf16<F, NR, 4>(rows, rb, nb, xp + m * nbp * 64, s + m * nb, out + m * N, N, pf, m == 0 ? pf_lines : 0);
+    m += 4;
+  }
+  const uint16_t* xq = xp + m * nbp * 64;
+  const float* sq = s + m * nb;
+  float* oq = out + m * N;
+  const int64_t pl = m == 0 ? pf_lines : 0;
+  switch (M - m) {
+    case 3: rows_tile_bf16<F, NR, 3>(rows, rb, nb, xq, sq, oq, N, pf, pl); break;
+    case 2: rows_tile_bf16<F, NR, 2>(rows, rb, nb, xq, sq, oq, N, pf, pl); break;
+    case 1: rows_tile_bf16<F, NR, 1>(rows, rb, nb, xq, sq, oq, N, pf, pl); break;
+    default: break;
+  }
+}
+
+// All N output rows for all M activation rows (fp32 out (M, N)): threads split the weight row groups
+// (4 rows a group for one activation row, 2 for more: up to 16 accumulators).
+template <Kind F>
+inline void rows_all_bf16(const uint8_t* w, int64_t rb, int64_t N, int64_t nb, int64_t M, const uint16_t* xp,
+                          const float* s, float* out) {
+  auto run = [&](auto nr) {
+    constexpr int NR = decltype(nr)::value;
+    for_row_groups<NR>(
+        w, rb, N, std::max<int64_t>(1, 2048 / (nb * NR * M)),
+        [&](const uint8_t* rows, int64_t n0, const uint8_t* pf, int64_t pf_lines) {
+          group_rows_bf16<F, NR>(rows, rb, nb, M, xp, s, out + n0, N, pf, pf_lines);
+        },
+        [&](int64_t n) { group_rows_bf16<F, 1>(w + n * rb, rb, nb, M, xp, s, out + n, N, w, 0); });
+  };
+  if (M == 1) run(std::integral_constant<int, 4>{});
+  else run(std::integral_constant<int, 2>{});
 }
 
 // n fp32 -> bf16, rounded to nearest even (vcvtneps2bf16; NaN stays NaN).
@@ -160,8 +201,9 @@ RADIXLM_QBF16_TARGET inline void round_to_bf16(const float* in, int64_t n, c10::
   for (; i < n; ++i) y[i] = c10::BFloat16(in[i]);
 }
 
-// y (M, N) bf16 = x (M, K) bf16 W^T; M rows in passes of up to 4. Call only where
-// quant_rows_bf16_supported().
+// y (M, N) bf16 = x (M, K) bf16 W^T, any M: each output is the same chain of operations whatever M
+// (its own accumulators, in block order), so a row's result does not depend on the batch. Call only
+// where quant_rows_bf16_supported().
 template <Kind F>
 void quant_rows_bf16(const uint8_t* w, int64_t rb, int64_t N, int64_t K, int64_t M, const c10::BFloat16* x,
                      c10::BFloat16* y) {
@@ -169,20 +211,7 @@ void quant_rows_bf16(const uint8_t* w, int64_t rb, int64_t N, int64_t K, int64_t
   std::vector<uint16_t> xp(M * nbp * 64);
   std::vector<float> s(M * nb), out(M * N);
   pack_x_pairs(reinterpret_cast<const uint16_t*>(x), M, K, xp.data(), s.data());
-  int64_t m = 0;
-  auto at = [&](int64_t row) { return std::make_tuple(xp.data() + row * nbp * 64, s.data() + row * nb, out.data() + row * N); };
-  for (; m + 4 <= M; m += 4) {
-    auto [xq, sq, oq] = at(m);
-    rows_mb_bf16<F, 4>(w, rb, N, nb, xq, sq, oq, N);
-  }
-  if (m < M) {
-    auto [xq, sq, oq] = at(m);
-    switch (M - m) {
-      case 3: rows_mb_bf16<F, 3>(w, rb, N, nb, xq, sq, oq, N); break;
-      case 2: rows_mb_bf16<F, 2>(w, rb, N, nb, xq, sq, oq, N); break;
-      default: rows_mb_bf16<F, 1>(w, rb, N, nb, xq, sq, oq, N); break;
-    }
-  }
+  rows_all_bf16<F>(w, rb, N, nb, M, xp.data(), s.data(), out.data());
   round_to_bf16(out.data(), M * N, y);
 }
 
