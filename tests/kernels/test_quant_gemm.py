@@ -130,6 +130,11 @@ def test_decode_kernel_bf16_activations_equals_dequantized_matmul_rounded(fmt, k
     for m in range(1, 8):
         assert torch.equal(_ops().quant_linear(x[:m], packed, code, k, False), y[:m])
     assert torch.equal(_ops().quant_linear(x[5:6], packed, code, k, False), y[5:6])
+    # prefill-sized calls (passes of 8 rows over the weight): every row as when computed alone
+    for reps in (3, 5):  # 29 rows (one pass over the weight), 45 rows (8 rows at a time)
+        xm = torch.cat([x] * reps + [x[:5]])
+        ym = _ops().quant_linear(xm, packed, code, k, False)
+        assert torch.equal(ym, torch.cat([y] * reps + [y[:5]]))
 
 
 @pytest.mark.parametrize("fmt", ["int8", "q8_0"])

@@ -180,17 +180,26 @@ inline void group_rows_bf16(const uint8_t* rows, int64_t rb, int64_t nb, int64_t
 template <Kind F>
 inline void rows_all_bf16(const uint8_t* w, int64_t rb, int64_t N, int64_t nb, int64_t M, const uint16_t* xp,
                           const float* s, float* out) {
-  auto run = [&](auto nr) {
+  const int64_t nbp = (nb + 1) / 2;
+  auto run = [&](auto nr, int64_t m0, int64_t mc) {  // activation rows [m0, m0 + mc) against all N
     constexpr int NR = decltype(nr)::value;
+    const uint16_t* xq = xp + m0 * nbp * 64;
+    const float* sq = s + m0 * nb;
+    float* oq = out + m0 * N;
     for_row_groups<NR>(
-        w, rb, N, std::max<int64_t>(1, 2048 / (nb * NR * M)),
+        w, rb, N, std::max<int64_t>(1, 2048 / (nb * NR * mc)),
         [&](const uint8_t* rows, int64_t n0, const uint8_t* pf, int64_t pf_lines) {
-          group_rows_bf16<F, NR>(rows, rb, nb, M, xp, s, out + n0, N, pf, pf_lines);
+          group_rows_bf16<F, NR>(rows, rb, nb, mc, xq, sq, oq + n0, N, pf, pf_lines);
         },
-        [&](int64_t n) { group_rows_bf16<F, 1>(w + n * rb, rb, nb, M, xp, s, out + n, N, w, 0); });
+        [&](int64_t n) { group_rows_bf16<F, 1>(w + n * rb, rb, nb, mc, xq, sq, oq + n, N, w, 0); });
   };
-  if (M == 1) run(std::integral_constant<int, 4>{});
-  else run(std::integral_constant<int, 2>{});
+  if (M == 1) return run(std::integral_constant<int, 4>{}, 0, 1);
+  if (M <= 32) return run(std::integral_constant<int, 2>{}, 0, M);  // decode batches: weights read once
+  // Many rows (prefill): 8 at a time over all the weight rows, so those 8 rows of x (18 KB at K = 576)
+  // stay in L1 while the weight (a few hundred KB to 1 MB of blocks) comes from L2 / L3 once per 8
+  // rows, instead of x streaming from L2 once per group of 2 weight rows (4096-row prefill in process:
+  // 329-428 -> 447-499 tok/s on a Zen 4). Same chains per row either way.
+  for (int64_t m0 = 0; m0 < M; m0 += 8) run(std::integral_constant<int, 2>{}, m0, std::min<int64_t>(8, M - m0));
 }
 
 // n fp32 -> bf16, rounded to nearest even (vcvtneps2bf16; NaN stays NaN).
