@@ -12,7 +12,7 @@ the layer's weight into the packed uint8 rows of ``formats.py`` — quantizing t
   bf16 x (a bf16 model) over 4-bit blocks on a CPU with AVX512-BF16 runs ``quant_rows_bf16_avx512.h``:
   the nibbles become bf16 operands of ``vdpbf16ps`` in registers, y = dequantize(W) @ x up to fp32
   rounding, then rounded to bf16 (no conversion of x or y around the call). There the GGUF formats
-  (Q8_0 on x widened to fp32 by the 512-bit rows) take this op for *every* M, not the panel kernel
+  (Q8_0 on x widened to fp32 by the 256-bit rows) take this op for *every* M, not the panel kernel
   past ``SMALL_M``: each row's result is then the same alone or in any batch (bf16 greedy output must
   not depend on batching or caching), at some cost in prefill and large batches (docs/benchmarks.md). With ``int8_activations`` x is quantized to 8 bits
   per block of 32 and the block dot products are integer (llama.cpp's scheme): ~1.4x faster for a

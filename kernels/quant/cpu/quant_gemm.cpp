@@ -427,11 +427,9 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& w, int64_t fmt, i
     const at::Tensor xf = x.to(at::kFloat).contiguous();
     const int64_t M = xf.size(0), N = w.size(0);
     at::Tensor out = at::empty({M, N}, xf.options());
-    if (M > 0 && N > 0) {
-      const std::vector<float> xs(M * (K / QK), 0.f);  // block sums: only the 4-bit formats read them
-      gemm_rows_f32<Q8_0>(w.data_ptr<uint8_t>(), w.size(1), N, K, M, xf.data_ptr<float>(), xs.data(),
+    if (M > 0 && N > 0)  // no block sums: only the 4-bit formats read them
+      gemm_rows_f32<Q8_0>(w.data_ptr<uint8_t>(), w.size(1), N, K, M, xf.data_ptr<float>(), nullptr,
                           out.data_ptr<float>());
-    }
     return out.to(at::kBFloat16);
   }
 #endif

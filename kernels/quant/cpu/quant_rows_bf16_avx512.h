@@ -1,5 +1,5 @@
 // The 4-bit GGUF decode kernel for bf16 activations on AVX512-BF16 (vdpbf16ps; AMD Zen 4 / 5, Intel
-// Cooper Lake / Sapphire Rapids): y = x W^T for a few rows of bf16 x (M <= 8) over Q4_0 / Q4_1 rows,
+// Cooper Lake / Sapphire Rapids): y = x W^T for bf16 x (any number of rows M) over Q4_0 / Q4_1 rows,
 // y bf16. The weights stay 4-bit in memory and become bf16 in registers with no arithmetic: a nibble q
 // as the 16-bit word 0x4300 | q is the bf16 number 128 + q (exponent 2^7, q in the 7 mantissa bits),
 // so a block's 32 weights are an `and` and two byte interleaves (vpunpck{l,h}bw with the byte 0x43)
@@ -30,8 +30,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <type_traits>
-#include <vector>
 
 #include "quant_rows_avx512.h"
 
@@ -90,7 +90,7 @@ RADIXLM_QBF16_TARGET inline void rows_tile_bf16(const uint8_t* row0, int64_t rb,
     for (int j = 0; j < MB; ++j) acc[r][j] = _mm512_setzero_ps();
   alignas(64) float dm[NR][32];
   // pf's lines (the rows some groups on) are asked for a few per block pair, spread over the tile
-  const int64_t pf_step = (pf_lines + (nb + 1) / 2 - 1) / ((nb + 1) / 2);
+  const int64_t pf_step = (pf_lines + nbp - 1) / nbp;
   int64_t pf_next = 0;
   for (int64_t b0 = 0; b0 < nb; b0 += 16) {
     const int64_t nc = std::min<int64_t>(16, nb - b0);
@@ -217,11 +217,12 @@ template <Kind F>
 void quant_rows_bf16(const uint8_t* w, int64_t rb, int64_t N, int64_t K, int64_t M, const c10::BFloat16* x,
                      c10::BFloat16* y) {
   const int64_t nb = K / kQK, nbp = (nb + 1) / 2;
-  std::vector<uint16_t> xp(M * nbp * 64);
-  std::vector<float> s(M * nb), out(M * N);
-  pack_x_pairs(reinterpret_cast<const uint16_t*>(x), M, K, xp.data(), s.data());
-  rows_all_bf16<F>(w, rb, N, nb, M, xp.data(), s.data(), out.data());
-  round_to_bf16(out.data(), M * N, y);
+  // every element is written before it is read: no zero fill (6 MB of y for a 512-token prefill)
+  std::unique_ptr<uint16_t[]> xp(new uint16_t[M * nbp * 64]);
+  std::unique_ptr<float[]> s(new float[M * nb]), out(new float[M * N]);
+  pack_x_pairs(reinterpret_cast<const uint16_t*>(x), M, K, xp.get(), s.get());
+  rows_all_bf16<F>(w, rb, N, nb, M, xp.get(), s.get(), out.get());
+  round_to_bf16(out.get(), M * N, y);
 }
 
 }  // namespace radixlm_quant_rows
