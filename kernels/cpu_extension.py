@@ -30,6 +30,8 @@ SOURCES = [Path(__file__).parent / "attention" / "cpu" / "paged_attention.cpp",
            Path(__file__).parent / "quant" / "cpu" / "quant_gemm.cpp",
            Path(__file__).parent / "argmax" / "cpu" / "argmax.cpp"]
 HEADERS = [Path(__file__).parent / "attention" / "cpu" / "amx_attention.h",
+           Path(__file__).parent / "attention" / "cpu" / "pair_tile_attention.h",
+           Path(__file__).parent / "attention" / "cpu" / "dpbf16_attention.h",
            Path(__file__).parent / "gemm" / "cpu" / "microkernel.h", Path(__file__).parent / "gemm" / "cpu" / "transpose.h",
            Path(__file__).parent / "gemm" / "cpu" / "bf16_dot.h", Path(__file__).parent / "gemm" / "cpu" / "bf16_packed_avx512.h",
            Path(__file__).parent / "gemm" / "cpu" / "fp32_packed_avx512.h",

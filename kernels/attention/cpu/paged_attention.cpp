@@ -12,11 +12,10 @@
 // scores = q . k (fp32; K transposed per block so a vector of keys' scores is one chain of FMAs, with up
 // to 4 query vectors of a row sharing each K and V load), a running max and normaliser per head (online softmax, Milakov & Gimelshein 2018; FlashDecoding),
 // then acc += p * v. K/V may be fp32, bf16 or fp16; arithmetic is fp32.
-// bf16 pools on CPUs with AVX512-BF16 (Zen 4 / 5, Cooper Lake, Sapphire Rapids) take the pair path for
-// scores: K blocks are transposed as 32-bit pairs of bf16 (dims 2i, 2i+1 of a key in one lane; half
-// the elements of the widened fp32 transpose, nothing converted) and q . k is a chain of vdpbf16ps over
-// the pairs (each pair's two products are exact in fp32), times the scaling at the end. The path is
-// chosen per CPU, so extend and decode rows still run the same operations.
+// bf16 pools on CPUs with AMX-BF16 or AVX512-BF16 (Sapphire Rapids, Zen 4 / 5, Cooper Lake) take the
+// pair tile path instead (pair_tile_attention.h): both products on bf16 pairs, P rounded to bf16,
+// base-2 exponentials. The path is chosen per CPU, so extend and decode rows still run the same
+// operations.
 // Vectorised with ATen's at::vec (AVX2 / AVX-512 chosen by the CPU_CAPABILITY macros at build time);
 // exp is Sleef's 1-ulp expf, as torch's own softmax uses.
 //
@@ -285,20 +284,8 @@ inline void load_block(const T* kh, const T* vh, const int64_t* slot_row, int64_
   for (int64_t i = 0; i < d; ++i) std::fill(kT + i * BLOCK + n, kT + i * BLOCK + padded, 0.f);
 }
 
-// Whether a bf16 pool with head_dim d computes its scores on the pair path (AVX512-BF16; d a multiple
-// of 16 so a key is whole 8 x 8 blocks of pairs). Fixed for the process: every row takes the same path.
-inline bool bf16_pair_scores(int64_t d) {
 #ifdef CPU_CAPABILITY_AVX512
-  static const bool has = __builtin_cpu_supports("avx512bf16");
-  return has && d % 16 == 0 && d <= 256;
-#else
-  (void)d;
-  return false;
-#endif
-}
-
-#ifdef CPU_CAPABILITY_AVX512
-// Keys [j0, j0 + n) of one bf16 KV head for the pair path: kP[i * BLOCK + j] = the 32-bit pair
+// Keys [j0, j0 + n) of one bf16 KV head for the pair tile path: kP[i * BLOCK + j] = the 32-bit pair
 // (k_j[2i], k_j[2i + 1]) for i < d / 2, zero-padded to a whole vector of keys; V rows as in load_block.
 // The pairs are moved as 32-bit lanes with the same 8 x 8 transpose (bits, not values).
 inline void load_block_pairs(const at::BFloat16* kh, const at::BFloat16* vh, const int64_t* slot_row, int64_t j0,
@@ -316,37 +303,6 @@ inline void load_block_pairs(const at::BFloat16* kh, const at::BFloat16* vh, con
   load_values<at::BFloat16>(vh, slot_row, j0, n, d, vblock, v);
 }
 
-// Scores of NQ query vectors (bf16 rows qv, stride d, read as d / 2 pairs) against NV vectors of keys
-// from jv: per score one vdpbf16ps chain over the pairs in order, then one multiply by `scaling`.
-template <int NQ, int NV>
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void pair_scores_tile(
-    const uint32_t* qv, int64_t half, const uint32_t* kP, int64_t jv, float scaling, float* s) {
-  __m512 acc[NQ][NV];
-  for (int q = 0; q < NQ; ++q)
-    for (int v = 0; v < NV; ++v) acc[q][v] = _mm512_setzero_ps();
-  for (int64_t i = 0; i < half; ++i) {
-    const uint32_t* row = kP + i * BLOCK + jv;
-    __m512bh k[NV];
-    for (int v = 0; v < NV; ++v) k[v] = (__m512bh)_mm512_loadu_si512(row + v * 16);
-    for (int q = 0; q < NQ; ++q) {
-      const __m512bh qi = (__m512bh)_mm512_set1_epi32(static_cast<int>(qv[q * half + i]));
-      for (int v = 0; v < NV; ++v) acc[q][v] = _mm512_dpbf16_ps(acc[q][v], qi, k[v]);
-    }
-  }
-  const __m512 sc = _mm512_set1_ps(scaling);
-  for (int q = 0; q < NQ; ++q)
-    for (int v = 0; v < NV; ++v) _mm512_storeu_ps(s + q * BLOCK + jv + v * 16, _mm512_mul_ps(acc[q][v], sc));
-}
-
-template <int NQ>
-void pair_scores_queries(const uint32_t* qv, int64_t half, const uint32_t* kP, int64_t n, float scaling, float* s) {
-  int64_t jv = 0;
-  if constexpr (NQ <= 3) {
-    for (; jv + 64 <= n; jv += 64) pair_scores_tile<NQ, 4>(qv, half, kP, jv, scaling, s);
-  }
-  for (; jv + 32 <= n; jv += 32) pair_scores_tile<NQ, 2>(qv, half, kP, jv, scaling, s);
-  for (; jv < n; jv += 16) pair_scores_tile<NQ, 1>(qv, half, kP, jv, scaling, s);  // pad keys are zeros
-}
 #endif
 
 // Scores of NQ query vectors (qv, stride d) against NV vectors of keys from jv, into s (stride BLOCK per
@@ -441,26 +397,6 @@ inline void row_step(const float* qv, int64_t group, const float* kT, const Valu
   softmax_accumulate<T>(group, v, n, d, s, m, l, a);
 }
 
-#ifdef CPU_CAPABILITY_AVX512
-// row_step on the pair path: qv the row's G bf16 query vectors (unscaled, read as pairs), kP the block's
-// pair-transposed K; the softmax and the accumulation are the same.
-inline void row_step_pairs(const uint32_t* qv, int64_t group, const uint32_t* kP, const ValueRows<at::BFloat16>& v, int64_t n,
-                           int64_t d, float scaling, float* s, float* m, float* l, float* a) {
-  const int64_t half = d / 2;
-  for (int64_t q0 = 0; q0 < group; q0 += 4) {
-    const uint32_t* qq = qv + q0 * half;
-    float* sq = s + q0 * BLOCK;
-    switch (std::min<int64_t>(4, group - q0)) {
-      case 4: pair_scores_queries<4>(qq, half, kP, n, scaling, sq); break;
-      case 3: pair_scores_queries<3>(qq, half, kP, n, scaling, sq); break;
-      case 2: pair_scores_queries<2>(qq, half, kP, n, scaling, sq); break;
-      default: pair_scores_queries<1>(qq, half, kP, n, scaling, sq); break;
-    }
-  }
-  softmax_accumulate<at::BFloat16>(group, v, n, d, s, m, l, a);
-}
-#endif
-
 // The online-softmax update of G query vectors from their scores s (G, BLOCK) over n keys, then
 // a += p * v; s is overwritten with p.
 template <typename VT>
@@ -496,37 +432,6 @@ inline void softmax_accumulate(int64_t group, const ValueRows<T>& v, int64_t n, 
     if (v.direct) return accumulate_rows<T>(group, v.raw, n, d, s, a);
   }
   accumulate_rows<float>(group, v.f, n, d, s, a);
-}
-
-// A key block for either score path (`pairs`: a bf16 pool on the pair path, see bf16_pair_scores).
-template <typename T>
-inline void load_block_for(bool pairs, const T* kh, const T* vh, const int64_t* slot_row, int64_t j0, int64_t n,
-                           int64_t d, float* kblock, std::vector<float>& vblock, ValueRows<T>& v) {
-#ifdef CPU_CAPABILITY_AVX512
-  if constexpr (std::is_same_v<T, at::BFloat16>) {
-    if (pairs) return load_block_pairs(kh, vh, slot_row, j0, n, d, reinterpret_cast<uint32_t*>(kblock), vblock, v);
-  }
-#endif
-  (void)pairs;
-  load_block<T>(kh, vh, slot_row, j0, n, d, kblock, vblock, v);
-}
-
-// One row's step on either path: qrow is the row's G query vectors in the pool dtype (the pair path
-// reads them), qf_row the same scaled to fp32 (the fp32 path reads them; unset on the pair path).
-template <typename T>
-inline void row_step_for(bool pairs, const T* qrow, const float* qf_row, int64_t group, const float* kblock,
-                         const ValueRows<T>& v, int64_t n, int64_t d, float scaling, float* s, float* m, float* l,
-                         float* a) {
-#ifdef CPU_CAPABILITY_AVX512
-  if constexpr (std::is_same_v<T, at::BFloat16>) {
-    if (pairs) {
-      return row_step_pairs(reinterpret_cast<const uint32_t*>(qrow), group, reinterpret_cast<const uint32_t*>(kblock),
-                            v, n, d, scaling, s, m, l, a);
-    }
-  }
-#endif
-  (void)pairs, (void)qrow, (void)scaling;
-  row_step<T>(qf_row, group, kblock, v, n, d, s, m, l, a);
 }
 
 // Query vectors of flat rows `qrows[0..n)` for KV head h, scaled, into qf (n * G, D).
@@ -577,16 +482,18 @@ inline void finish_rows(const int64_t* qrows, int64_t rows, int64_t h, int64_t h
   }
 }
 
+#include "pair_tile_attention.h"
 #include "amx_attention.h"
+#include "dpbf16_attention.h"
 
 // Cascade first pass: the shared prefix (keys [0, plen), whole blocks) of one group for query rows
 // qrows[0..n) over KV head h; every row sees all of it. Leaves each query vector's state in `st`.
 template <typename T>
-void attend_shared(bool pairs, const int64_t* qrows, int64_t n, int64_t h, const T* qp, const T* kp, const T* vp,
+void attend_shared(const int64_t* qrows, int64_t n, int64_t h, const T* qp, const T* kp, const T* vp,
                    const int64_t* slot_row, int64_t plen, int64_t heads, int64_t group, int64_t d, int64_t slots,
                    float scaling, RowState st, std::vector<float>& qf, std::vector<float>& kblock,
                    std::vector<float>& vblock, std::vector<float>& scores) {
-  if (!pairs) load_queries<T>(qp, qrows, n, h, heads, group, d, scaling, qf);
+  load_queries<T>(qp, qrows, n, h, heads, group, d, scaling, qf);
   for (int64_t r = 0; r < n; ++r) {
     for (int64_t g = 0; g < group; ++g) {
       const int64_t sq = qrows[r] * heads + h * group + g;
@@ -601,11 +508,11 @@ void attend_shared(bool pairs, const int64_t* qrows, int64_t n, int64_t h, const
   v.direct = n == 1 && !std::is_same_v<T, float>;
   for (int64_t j0 = 0; j0 < plen; j0 += BLOCK) {
     if (j0 + BLOCK < plen) prefetch_keys_l2(kh, vh, slot_row, j0 + BLOCK, std::min(plen, j0 + 2 * BLOCK), d);
-    load_block_for<T>(pairs, kh, vh, slot_row, j0, BLOCK, d, kblock.data(), vblock, v);
+    load_block<T>(kh, vh, slot_row, j0, BLOCK, d, kblock.data(), vblock, v);
     for (int64_t r = 0; r < n; ++r) {
       const int64_t sq = qrows[r] * heads + h * group;  // the row's G query vectors are contiguous in q and st
-      row_step_for<T>(pairs, qp + sq * d, qf.data() + r * group * d, group, kblock.data(), v, BLOCK, d, scaling,
-                      scores.data(), st.m + sq, st.l + sq, st.acc + sq * d);
+      row_step<T>(qf.data() + r * group * d, group, kblock.data(), v, BLOCK, d, scores.data(), st.m + sq, st.l + sq,
+                  st.acc + sq * d);
     }
   }
 }
@@ -618,14 +525,14 @@ void attend_shared(bool pairs, const int64_t* qrows, int64_t n, int64_t h, const
 // prefill, a prefill chunk, a decode step or any batch: the kernel is batch-invariant and
 // extend/decode-consistent by construction.
 template <typename T>
-void attend_item(bool pairs, const Item& it, const T* qp, const T* kp, const T* vp, const int64_t* slot_row, int64_t prefix,
+void attend_item(const Item& it, const T* qp, const T* kp, const T* vp, const int64_t* slot_row, int64_t prefix,
                  int64_t key_begin, int64_t q_row0, int64_t heads, int64_t group, int64_t d, int64_t slots,
                  float scaling, RowState st, T* op, std::vector<float>& qf, std::vector<float>& acc,
                  std::vector<float>& kblock, std::vector<float>& vblock, std::vector<float>& scores,
                  std::vector<float>& m, std::vector<float>& l) {
   int64_t qrows[TILE];
   for (int64_t r = 0; r < it.rows; ++r) qrows[r] = q_row0 + it.row0 + r;
-  if (!pairs) load_queries<T>(qp, qrows, it.rows, it.h, heads, group, d, scaling, qf);
+  load_queries<T>(qp, qrows, it.rows, it.h, heads, group, d, scaling, qf);
   start_rows(key_begin, qrows, it.rows, it.h, heads, group, d, st, m, l, acc);
   const T* kh = kp + it.h * slots * d;
   const T* vh = vp + it.h * slots * d;
@@ -635,14 +542,14 @@ void attend_item(bool pairs, const Item& it, const T* qp, const T* kp, const T* 
   for (int64_t j0 = key_begin; j0 < last_len; j0 += BLOCK) {
     const int64_t nblock = std::min(BLOCK, last_len - j0);
     if (j0 + BLOCK < last_len) prefetch_keys_l2(kh, vh, slot_row, j0 + BLOCK, std::min(last_len, j0 + 2 * BLOCK), d);
-    load_block_for<T>(pairs, kh, vh, slot_row, j0, nblock, d, kblock.data(), vblock, v);
+    load_block<T>(kh, vh, slot_row, j0, nblock, d, kblock.data(), vblock, v);
     for (int64_t r = 0; r < it.rows; ++r) {
       const int64_t len = prefix + it.row0 + r + 1;
       if (len <= j0) continue;
       const int64_t n = std::min(BLOCK, len - j0);
       const int64_t qi = r * group;
-      row_step_for<T>(pairs, qp + (qrows[r] * heads + it.h * group) * d, qf.data() + qi * d, group, kblock.data(),
-                      v, n, d, scaling, scores.data(), m.data() + qi, l.data() + qi, acc.data() + qi * d);
+      row_step<T>(qf.data() + qi * d, group, kblock.data(), v, n, d, scores.data(), m.data() + qi, l.data() + qi,
+                  acc.data() + qi * d);
     }
   }
   finish_rows<T>(qrows, it.rows, it.h, heads, group, d, l, acc, op);
@@ -699,8 +606,9 @@ void attention_kernel(const at::Tensor& q, const at::Tensor& k_cache, const at::
   const int64_t* pre = prefix_lens.data_ptr<int64_t>();
   const int64_t* ext = extend_lens.data_ptr<int64_t>();
   const std::vector<int64_t> q_start = query_starts(q.size(0), ctx, prefix_lens, extend_lens);
-  const bool pairs = std::is_same_v<T, at::BFloat16> && bf16_pair_scores(d);
+  // bf16 pools on the pair tile path (pair_tile_attention.h) where the CPU has AMX-BF16 or AVX512-BF16.
   const bool amx = std::is_same_v<T, at::BFloat16> && use_amx_attention(d);
+  const bool dp = std::is_same_v<T, at::BFloat16> && use_dp_attention(d);
   // Items of at most TILE query rows; assigned to threads longest-first onto the least-loaded
   // thread (LPT), so long prefills do not leave a thread idle.
   std::vector<Item> items;
@@ -755,22 +663,24 @@ void attention_kernel(const at::Tensor& q, const at::Tensor& k_cache, const at::
     at::parallel_for(0, shared.size(), 1, [&](int64_t begin, int64_t end) {
 #ifdef CPU_CAPABILITY_AVX512
       if constexpr (std::is_same_v<T, at::BFloat16>) {
-        if (amx) {
-          AmxScratch sc(SHARED_TILE * group, d);
-                    for (int64_t i = begin; i < end; ++i) {
+        auto run_tiles = [&](auto engine) {
+          using Tiles = decltype(engine);
+          TileScratch sc(SHARED_TILE * group, d, Tiles::kRowMultiple);
+          for (int64_t i = begin; i < end; ++i) {
             const auto& [g, r0, n, h] = shared[i];
-            attend_shared_amx(qrows.data() + r0, n, h, qp, kp, vp, table + rows[rq[off[g]]] * ctx, glen[g], heads, group,
-                              d, slots, static_cast<float>(scaling), st, sc);
+            attend_shared_tiles<Tiles>(qrows.data() + r0, n, h, qp, kp, vp, table + rows[rq[off[g]]] * ctx, glen[g],
+                                       heads, group, d, slots, static_cast<float>(scaling), st, sc);
           }
-          amx_release();
-          return;
-        }
+          Tiles::release();
+        };
+        if (amx) return run_tiles(AmxTiles{});
+        if (dp) return run_tiles(DpTiles{});
       }
 #endif
       std::vector<float> qf(SHARED_TILE * group * d), kblock(BLOCK * d), vblock(BLOCK * d), scores(group * BLOCK);
       for (int64_t i = begin; i < end; ++i) {
         const auto& [g, r0, n, h] = shared[i];
-        attend_shared<T>(pairs, qrows.data() + r0, n, h, qp, kp, vp, table + rows[rq[off[g]]] * ctx, glen[g], heads, group,
+        attend_shared<T>(qrows.data() + r0, n, h, qp, kp, vp, table + rows[rq[off[g]]] * ctx, glen[g], heads, group,
                          d, slots, static_cast<float>(scaling), st, qf, kblock, vblock, scores);
       }
     });
@@ -791,21 +701,23 @@ void attention_kernel(const at::Tensor& q, const at::Tensor& k_cache, const at::
   at::parallel_for(0, nthreads, 1, [&](int64_t begin, int64_t end) {
 #ifdef CPU_CAPABILITY_AVX512
     if constexpr (std::is_same_v<T, at::BFloat16>) {
-      if (amx) {
-        AmxScratch sc(TILE * group, d);
+      auto run_tiles = [&](auto engine) {
+        using Tiles = decltype(engine);
+        TileScratch sc(TILE * group, d, Tiles::kRowMultiple);
         for_each_item(begin, end, [&](const Item& it) {
-          attend_item_amx(it, qp, kp, vp, table + rows[it.b] * ctx, pre[it.b], key_begin[it.b], q_start[it.b], heads,
-                          group, d, slots, static_cast<float>(scaling), st, op, sc);
+          attend_item_tiles<Tiles>(it, qp, kp, vp, table + rows[it.b] * ctx, pre[it.b], key_begin[it.b], q_start[it.b],
+                                   heads, group, d, slots, static_cast<float>(scaling), st, op, sc);
         });
-        amx_release();
-        return;
-      }
+        Tiles::release();
+      };
+      if (amx) return run_tiles(AmxTiles{});
+      if (dp) return run_tiles(DpTiles{});
     }
 #endif
     std::vector<float> qf(TILE * group * d), acc(TILE * group * d), kblock(BLOCK * d), vblock(BLOCK * d),
         scores(group * BLOCK), m(TILE * group), l(TILE * group);
     for_each_item(begin, end, [&](const Item& it) {
-      attend_item<T>(pairs, it, qp, kp, vp, table + rows[it.b] * ctx, pre[it.b], key_begin[it.b], q_start[it.b], heads,
+      attend_item<T>(it, qp, kp, vp, table + rows[it.b] * ctx, pre[it.b], key_begin[it.b], q_start[it.b], heads,
                      group, d, slots, static_cast<float>(scaling), st, op, qf, acc, kblock, vblock, scores, m, l);
     });
   });
@@ -874,8 +786,8 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_new, const a
   return out;
 }
 
-// Whether bf16 pools of this head_dim compute scores on the pair path here (AVX512-BF16).
-bool attention_bf16_pairs(int64_t head_dim) { return bf16_pair_scores(head_dim); }
+// Whether bf16 pools of this head_dim run on the pair tile path's AVX512-BF16 engine here (dpbf16_attention.h).
+bool attention_bf16_pairs(int64_t head_dim) { return use_dp_attention(head_dim); }
 
 // Whether bf16 pools of this head_dim run on the AMX path here (AMX-BF16: see amx_attention.h).
 bool attention_bf16_amx(int64_t head_dim) { return use_amx_attention(head_dim); }
