@@ -148,8 +148,9 @@ struct AmxTiles {
   static void scores(const at::BFloat16* q, const uint32_t* kp, int64_t mpad, int64_t ncols, int64_t d, float* s) {
     amx_scores(q, kp, mpad, ncols, d, s);
   }
-  static void accumulate(const at::BFloat16* p, const uint32_t* vp, int64_t mpad, int64_t npad, int64_t d,
-                         float* acc) {
+  static bool reads_value_rows(int64_t) { return false; }  // B tiles need V as pairs of keys in memory
+  static void accumulate(const at::BFloat16* p, const uint32_t* vp, const at::BFloat16* const*, int64_t, int64_t mpad,
+                         int64_t npad, int64_t d, float* acc) {
     amx_accumulate(p, vp, mpad, npad, d, acc);
   }
   static void release() { amx_release(); }

@@ -109,7 +109,8 @@ inline void attend_rows_tiles(int64_t rows, const int64_t* lens, int64_t group, 
     if (j0 + BLOCK < k1) prefetch_keys_l2(kh, vh, slot_row, j0 + BLOCK, std::min(k1, j0 + 2 * BLOCK), d);
     load_block_pairs(kh, vh, slot_row, j0, nblock, d, sc.kp.data(), sc.unused, v);
     const int64_t npad = (nblock + 31) / 32 * 32;
-    pair_values(v.raw, nblock, npad, d, sc.vp.data());
+    const bool raw_values = Tiles::reads_value_rows(mpad);  // else V is re-laid as pairs once for all rows
+    if (!raw_values) pair_values(v.raw, nblock, npad, d, sc.vp.data());
     Tiles::scores(sc.q.data(), sc.kp.data(), mpad, (nblock + 15) / 16 * 16, d, sc.s.data());
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t n = std::min(BLOCK, lens[r] - j0);
@@ -134,7 +135,7 @@ inline void attend_rows_tiles(int64_t rows, const int64_t* lens, int64_t group, 
     for (int64_t qi = nq; qi < mpad; ++qi) {  // pad vectors: p = 0 (their accumulators are never read)
       std::fill(sc.p.data() + qi * BLOCK, sc.p.data() + qi * BLOCK + npad, c10::BFloat16(0.f));
     }
-    Tiles::accumulate(sc.p.data(), sc.vp.data(), mpad, npad, d, sc.acc.data());
+    Tiles::accumulate(sc.p.data(), raw_values ? nullptr : sc.vp.data(), v.raw, nblock, mpad, npad, d, sc.acc.data());
   }
 }
 
