@@ -107,7 +107,7 @@ def test_half_precision_pool(dtype):
         assert torch.equal(out, out32.to(dtype))
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])  # bf16: the pair path where the CPU has it
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])  # bf16: the pair tile path where the CPU has it
 def test_a_token_gets_the_same_bits_in_prefill_chunk_decode_and_any_batch(dtype):
     """Deterministic inference by construction: the same token's output from (a) a whole prefill in a
     batch with others, (b) a prefill chunk after a cached prefix, (c) a decode step, is bitwise equal."""
