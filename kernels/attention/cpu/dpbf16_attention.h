@@ -78,29 +78,24 @@ inline void dp_accumulate_rows(const uint32_t* p, const uint32_t* vp, int64_t pa
 }
 
 // dp_accumulate_tile for dims [c0, c0 + 32 * NH) straight from the block's V rows (vrows[j] for j < n, zero
-// rows past n): each pair of keys is interleaved in registers as pair_values would lay it out, so the
+// rows past n): each pair of keys is interleaved in registers by key_pairs, as pair_values lays it out, so the
 // products and their order are the same; for a few query vectors (a decode item) this saves writing
 // and re-reading the block's pairs.
 template <int NQ, int NH>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) inline void dp_accumulate_raw_tile(
     const uint32_t* p, const at::BFloat16* const* vrows, int64_t n, int64_t pairs, int64_t d, int64_t c0, float* acc) {
-  static thread_local at::BFloat16 zeros[256] = {};
-  alignas(64) static const uint16_t lo_idx[32] = {0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
-                                                  8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
-  alignas(64) static const uint16_t hi_idx[32] = {16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53, 22, 54, 23, 55,
-                                                  24, 56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63};
-  const __m512i lo = _mm512_load_si512(lo_idx), hi = _mm512_load_si512(hi_idx);
   __m512 a[NQ][2 * NH];
   for (int x = 0; x < NQ; ++x)
     for (int v = 0; v < 2 * NH; ++v) a[x][v] = _mm512_loadu_ps(acc + x * d + c0 + v * 16);
   for (int64_t kp = 0; kp < pairs; ++kp) {
-    const at::BFloat16* r0 = 2 * kp < n ? vrows[2 * kp] : zeros;
-    const at::BFloat16* r1 = 2 * kp + 1 < n ? vrows[2 * kp + 1] : zeros;
+    const at::BFloat16* r0 = value_row(vrows, n, 2 * kp);
+    const at::BFloat16* r1 = value_row(vrows, n, 2 * kp + 1);
     __m512bh y[2 * NH];
     for (int h = 0; h < NH; ++h) {
-      const __m512i u = _mm512_loadu_si512(r0 + c0 + 32 * h), w = _mm512_loadu_si512(r1 + c0 + 32 * h);
-      y[2 * h] = (__m512bh)_mm512_permutex2var_epi16(u, lo, w);
-      y[2 * h + 1] = (__m512bh)_mm512_permutex2var_epi16(u, hi, w);
+      __m512i lo, hi;
+      key_pairs(r0, r1, c0 + 32 * h, lo, hi);
+      y[2 * h] = (__m512bh)lo;
+      y[2 * h + 1] = (__m512bh)hi;
     }
     for (int x = 0; x < NQ; ++x) {
       const __m512bh px = (__m512bh)_mm512_set1_epi32(static_cast<int>(p[x * (BLOCK / 2) + kp]));

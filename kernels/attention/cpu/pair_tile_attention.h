@@ -30,24 +30,38 @@ struct TileScratch {
         s(mpad * BLOCK), acc(mpad * d), m(mpad), l(mpad), kp(d / 2 * BLOCK), vp(BLOCK / 2 * d) {}
 };
 
-// vp[kp * d + c] = the pair (v_{2kp}[c], v_{2kp+1}[c]) for the block's keys (zero rows past n), up to
-// an even number of keys padded to whole 32-key steps.
-__attribute__((target("avx512f,avx512bw"))) inline void pair_values(const at::BFloat16* const* vrows, int64_t n,
-                                                                    int64_t npad, int64_t d, uint32_t* vp) {
+// V row j of a key block of n rows (vrows), a zero row past n (pad keys add exact zeros).
+inline const at::BFloat16* value_row(const at::BFloat16* const* vrows, int64_t n, int64_t j) {
   static thread_local at::BFloat16 zeros[256] = {};
+  return j < n ? vrows[j] : zeros;
+}
+
+// Dims [c, c + 32) of two keys' V rows r0, r1 as pairs of keys: lo = (r0[c + i], r1[c + i]) for i < 16,
+// hi the same for i = 16..31 (32-bit lanes). The one layout of V pairs in the pair tile path.
+__attribute__((target("avx512f,avx512bw"))) inline void key_pairs(const at::BFloat16* r0, const at::BFloat16* r1,
+                                                                  int64_t c, __m512i& lo, __m512i& hi) {
   alignas(64) static const uint16_t lo_idx[32] = {0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
                                                   8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
   alignas(64) static const uint16_t hi_idx[32] = {16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53, 22, 54, 23, 55,
                                                   24, 56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63};
-  const __m512i lo = _mm512_load_si512(lo_idx), hi = _mm512_load_si512(hi_idx);
+  const __m512i a = _mm512_loadu_si512(r0 + c), b = _mm512_loadu_si512(r1 + c);
+  lo = _mm512_permutex2var_epi16(a, _mm512_load_si512(lo_idx), b);
+  hi = _mm512_permutex2var_epi16(a, _mm512_load_si512(hi_idx), b);
+}
+
+// vp[kp * d + c] = the pair (v_{2kp}[c], v_{2kp+1}[c]) for the block's keys (zero rows past n), up to
+// an even number of keys padded to whole 32-key steps.
+__attribute__((target("avx512f,avx512bw"))) inline void pair_values(const at::BFloat16* const* vrows, int64_t n,
+                                                                    int64_t npad, int64_t d, uint32_t* vp) {
   for (int64_t kp = 0; kp < npad / 2; ++kp) {
-    const at::BFloat16* r0 = 2 * kp < n ? vrows[2 * kp] : zeros;
-    const at::BFloat16* r1 = 2 * kp + 1 < n ? vrows[2 * kp + 1] : zeros;
+    const at::BFloat16* r0 = value_row(vrows, n, 2 * kp);
+    const at::BFloat16* r1 = value_row(vrows, n, 2 * kp + 1);
     uint32_t* dst = vp + kp * d;
     for (int64_t c = 0; c < d; c += 32) {
-      const __m512i a = _mm512_loadu_si512(r0 + c), b = _mm512_loadu_si512(r1 + c);
-      _mm512_storeu_si512(dst + c, _mm512_permutex2var_epi16(a, lo, b));
-      _mm512_storeu_si512(dst + c + 16, _mm512_permutex2var_epi16(a, hi, b));
+      __m512i lo, hi;
+      key_pairs(r0, r1, c, lo, hi);
+      _mm512_storeu_si512(dst + c, lo);
+      _mm512_storeu_si512(dst + c + 16, hi);
     }
   }
 }
