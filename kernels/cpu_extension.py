@@ -1,4 +1,4 @@
-"""radixlm's C++ CPU kernels (``kernels/{attention,elementwise,gemm,quant,argmax}/cpu/*.cpp``), compiled on first use.
+"""radixlm's C++ CPU kernels (``kernels/{attention,elementwise,gemm,quant,argmax,decoder}/cpu/*.cpp``), compiled on first use.
 
 The sources are built with ``torch.utils.cpp_extension.load`` (ninja + the system C++ compiler)
 into ``$RADIXLM_KERNEL_CACHE`` (default ``~/.cache/radixlm/kernels``), in a folder per torch
@@ -28,7 +28,8 @@ SOURCES = [Path(__file__).parent / "attention" / "cpu" / "paged_attention.cpp",
            Path(__file__).parent / "elementwise" / "cpu" / "elementwise.cpp",
            Path(__file__).parent / "gemm" / "cpu" / "gemm.cpp",
            Path(__file__).parent / "quant" / "cpu" / "quant_gemm.cpp",
-           Path(__file__).parent / "argmax" / "cpu" / "argmax.cpp"]
+           Path(__file__).parent / "argmax" / "cpu" / "argmax.cpp",
+           Path(__file__).parent / "decoder" / "cpu" / "decoder_layers.cpp"]
 HEADERS = [Path(__file__).parent / "attention" / "cpu" / "amx_attention.h",
            Path(__file__).parent / "attention" / "cpu" / "pair_tile_attention.h",
            Path(__file__).parent / "attention" / "cpu" / "dpbf16_attention.h",
@@ -38,7 +39,7 @@ HEADERS = [Path(__file__).parent / "attention" / "cpu" / "amx_attention.h",
            Path(__file__).parent / "quant" / "cpu" / "quant_rows_avx512.h",
            Path(__file__).parent / "quant" / "cpu" / "quant_rows_bf16_avx512.h"]  # included by SOURCES: part of the digest
 OPS = ("paged_attention", "add_rms_norm_", "rope", "silu_and_mul", "pack_linear_weight", "linear_packed",
-       "quant_linear", "quant_dequantize", "quant_linear_panels", "argmax_rows")
+       "quant_linear", "quant_dequantize", "quant_linear_panels", "argmax_rows", "decoder_layers")
 _CAPABILITY_FLAGS = {
     "AVX512": ["-DCPU_CAPABILITY=AVX512", "-DCPU_CAPABILITY_AVX512", "-mavx512f", "-mavx512bw", "-mavx512vl",
                "-mavx512dq", "-mfma", "-mf16c"],

@@ -80,6 +80,10 @@ class ModelRunner:
             server_args.kernel_backend("attention"), str(self.device), dtype=self.dtype, num_heads=attn.num_heads,
             num_kv_heads=attn.num_kv_heads, head_dim=attn.head_dim, scaling=attn.head_dim ** -0.5)
         self._init_memory_pool()
+        if hasattr(self.model, "decoder_stack"):
+            from radixlm.srt.models.decoder_stack import CpuDecoderStack
+
+            self.model.decoder_stack = CpuDecoderStack.maybe_create(self.model, self.attn_backend)
         from radixlm.srt.cuda_graph_runner import CudaGraphRunner
 
         self.cuda_graph_runner = CudaGraphRunner.maybe_create(self)  # None on CPU or --disable-cuda-graph

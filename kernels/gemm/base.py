@@ -28,3 +28,15 @@ class GemmBackend(abc.ABC):
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
         """y = x W^T + b. x (..., in) in the weight's dtype; weight from ``prepare``; bias (out,) or
         None. Returns (..., out)."""
+
+    def fused_kind(self, weight: torch.Tensor, rows: int, dtype: torch.dtype) -> Optional[int]:
+        """How the C++ decoder-layer op (``kernels/decoder``) runs this linear so that it computes
+        exactly what ``linear`` does for ``rows`` rows of ``dtype`` x and no bias: a quantized format
+        code (>= 0, ``radixlm_cpu::quant_linear``), ``FUSED_PACKED`` (``radixlm_cpu::linear_packed``)
+        or ``FUSED_DENSE`` (``aten::linear`` on the dense weight); None where it cannot (the model
+        then runs its layers module by module)."""
+        return None
+
+
+FUSED_PACKED = -1  # fused_kind: a weight from pack_linear_weight
+FUSED_DENSE = -2  # fused_kind: a dense (out, in) weight

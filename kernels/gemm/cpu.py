@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from radixlm.kernels.cpu_extension import load_cpu_kernels
-from radixlm.kernels.gemm.base import GemmBackend
+from radixlm.kernels.gemm.base import FUSED_DENSE, FUSED_PACKED, GemmBackend
 
 def packable(weight: torch.Tensor) -> bool:
     """Whether ``prepare`` packs ``weight`` (else it stays dense): 2-D fp32 or bf16 on CPU."""
@@ -52,3 +52,8 @@ class CpuGemm(GemmBackend):
         lead = x.shape[:-1]
         y = self._linear(x.reshape(-1, x.shape[-1]), weight, bias)
         return y.view(*lead, y.shape[-1])
+
+    def fused_kind(self, weight: torch.Tensor, rows: int, dtype: torch.dtype) -> Optional[int]:
+        if weight.dtype != dtype:
+            return None
+        return FUSED_DENSE if weight.dim() == 2 else FUSED_PACKED

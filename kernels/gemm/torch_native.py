@@ -7,7 +7,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from radixlm.kernels.gemm.base import GemmBackend
+from radixlm.kernels.gemm.base import FUSED_DENSE, GemmBackend
 
 
 class TorchNativeGemm(GemmBackend):
@@ -18,3 +18,6 @@ class TorchNativeGemm(GemmBackend):
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
         return F.linear(x, weight, bias)
+
+    def fused_kind(self, weight: torch.Tensor, rows: int, dtype: torch.dtype) -> Optional[int]:
+        return FUSED_DENSE if weight.dim() == 2 and weight.dtype == dtype else None

@@ -122,3 +122,11 @@ class QuantGemm(GemmBackend):
         if y.dtype != x.dtype:
             y = y.to(x.dtype)
         return y if x.dim() == 2 else y.view(*x.shape[:-1], y.shape[-1])
+
+    def fused_kind(self, weight: torch.Tensor, rows: int, dtype: torch.dtype) -> Optional[int]:
+        # the rows kernel on x as it is, as ``linear`` picks it (the panel kernel takes fp32 copies)
+        if self.int8_activations or dtype not in (torch.float32, torch.bfloat16):
+            return None
+        if rows <= SMALL_M or (dtype == torch.bfloat16 and self._bf16_rows):
+            return self.format.code
+        return None

@@ -8,7 +8,7 @@ Follows HF ``modeling_llama.py`` numerically (fp32 RMSNorm, rotate-half RoPE) wi
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Iterable, Optional
 
 import torch
 from torch import nn
@@ -22,6 +22,7 @@ from radixlm.srt.layers.parallel_state import TpGroup
 
 if TYPE_CHECKING:
     from radixlm.srt.forward_batch import ForwardBatch
+    from radixlm.srt.models.decoder_stack import CpuDecoderStack
 
 
 @dataclass(frozen=True)
@@ -113,13 +114,19 @@ class LlamaForCausalLM(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
         self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, tp, dtype)
         self.tie_word_embeddings = bool(getattr(cfg, "tie_word_embeddings", False))
+        # the layers as one C++ call on CPU (srt/models/decoder_stack.py), set by the model runner
+        self.decoder_stack: Optional["CpuDecoderStack"] = None
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, fb: "ForwardBatch") -> torch.Tensor:
         self.rotary_emb.reset()
         h, delta = self.embed_tokens(input_ids), None
-        for layer in self.layers:
-            h, delta = layer(positions, h, delta, fb)
+        kinds = self.decoder_stack.kinds(h.shape[0], fb) if self.decoder_stack is not None else None
+        if kinds is not None:
+            delta = self.decoder_stack.forward(positions, h, kinds, fb)
+        else:
+            for layer in self.layers:
+                h, delta = layer(positions, h, delta, fb)
         rows = fb.logits_indices
         h = self.norm(h[rows], delta[rows])  # the last residual add only for the rows that need logits
         return self.lm_head.logits(h).float()
