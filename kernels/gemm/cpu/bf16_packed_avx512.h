@@ -1,11 +1,13 @@
 // The bf16 linear on AVX512-BF16 (vdpbf16ps; Intel Cooper Lake / Sapphire Rapids, AMD Zen 4 / 5) over
-// the pair panels of bf16_dot.h, with packed activations (BLIS scheme: Goto & van de Geijn 2008; Van
-// Zee & van de Geijn 2015): y = x W^T (+ bias), x, W, bias and y bf16, accumulated in fp32.
+// the pair panels of bf16_dot.h (BLIS scheme: Goto & van de Geijn 2008; Van Zee & van de Geijn 2015):
+// y = x W^T (+ bias), x, W, bias and y bf16, accumulated in fp32.
 //
 // The register tile is R (<= 8) rows x P (<= 3) pair panels = 48 columns in 24 zmm accumulators. Per
 // pair of k it loads the P panel vectors (k and k + 1 of 16 columns each) and broadcasts R 32-bit
-// activation pairs from a packed copy of the tile's rows (xp[kp * R + r]: one contiguous stream),
-// 11 loads for 24 vdpbf16ps, where a 12 x 16 tile needs 13 loads and 12 strided streams for 12. K runs
+// activation pairs straight from x's rows (a bf16 pair is 4 contiguous bytes): 11 loads for 24
+// vdpbf16ps, where a 12 x 16 tile needs 13 loads for 12. x is not packed: a packed copy (one stream
+// instead of R) cost a single-threaded pass over x per call and measured 5-9 % slower at 128-1024
+// rows on a Zen 4 (docs/benchmarks.md). K runs
 // in blocks of kPairKBlock pairs so the P panels' slice (128 x 3 x 64 B = 24 KB) stays in L1 while
 // every row tile of the block passes over it; the partial sums wait in an fp32 scratch between k
 // blocks (an fp32 store and load are exact).
@@ -38,12 +40,12 @@ namespace radixlm_gemm {
 constexpr int kPairRows = 8;              // rows per register tile
 constexpr int kPairPanels = 3;            // 16-wide pair panels per register tile
 constexpr int64_t kPairKBlock = 128;      // k pairs per pass over a tile's panels
-constexpr int64_t kPairPackedBytes = 640 << 10;  // packed rows of x per block (in L2 while the panels pass)
+constexpr int64_t kPairBlockBytes = 640 << 10;  // rows of x per block (in L2 while the panels pass)
 constexpr int64_t kPairL1Ahead = 8;       // k pairs ahead at which a slice's first tile asks for its lines
 constexpr int kPairStreamRows = 8;        // under this many rows: one panel at a time, front to back
 
-// Rows per packed block: as many as kPairPackedBytes hold (at least 96, a multiple of 8).
-inline int64_t pair_row_block(int64_t K) { return std::max<int64_t>(96, kPairPackedBytes / (2 * K) / 8 * 8); }
+// Rows per block: as many as kPairBlockBytes hold (at least 96, a multiple of 8).
+inline int64_t pair_row_block(int64_t K) { return std::max<int64_t>(96, kPairBlockBytes / (2 * K) / 8 * 8); }
 
 // 16 fp32 -> 16 bf16 at y, rounded to nearest even (NaN -> 0x7FC0), bitwise c10::BFloat16(float).
 RADIXLM_BF16_TARGET inline void store_bf16x16(at::BFloat16* y, __m512 v) {
@@ -55,29 +57,14 @@ RADIXLM_BF16_TARGET inline void store_bf16x16(at::BFloat16* y, __m512 v) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(y), _mm512_cvtepi32_epi16(r));
 }
 
-// Rows [0, R) of x (ldx) as 32-bit pairs, xp[kp * R + r] = (x[r, 2 kp], x[r, 2 kp + 1]), kp < K / 2.
-template <int R>
-inline void pack_pair_rows(const at::BFloat16* x, int64_t ldx, int64_t K, int32_t* xp) {
-  for (int r = 0; r < R; ++r) {
-    const at::BFloat16* row = x + r * ldx;
-    for (int64_t kp = 0; kp < K / 2; ++kp) std::memcpy(xp + kp * R + r, row + 2 * kp, 4);
-  }
-}
-
-// Rows [m0, m1) packed tile by tile: the tile at row m starts at xp + (m - m0) * K / 2.
-inline void pack_pair_block(const at::BFloat16* x, int64_t ldx, int64_t m0, int64_t m1, int64_t K, int32_t* xp) {
-  near_equal_tiles<kPairRows>(m0, m1, [&](auto r, int64_t m) {
-    pack_pair_rows<decltype(r)::value>(x + m * ldx, ldx, K, xp + (m - m0) * (K / 2));
-  });
-}
-
-// acc[r, 16 p + j] (+)= the chain over kp in [0, kc) of xp[kp, r] . panel_p[kp, j] (pairs), starting at
+// acc[r, 16 p + j] (+)= the chain over kp in [0, kc) of (xt[r, 2 kp], xt[r, 2 kp + 1]) . panel_p[kp, j] (pairs;
+// xt's rows ldx elements apart, each pair broadcast straight from x: bf16 pairs are 4 contiguous bytes), starting at
 // 0 when first, else at the fp32 partial sums in part (ldp floats a row); on the last k block
 // (y non-null) bias is added and the rows rounded into y (ldy), else the sums go back to part.
 // kLeads (a slice's first tile): asks for its panels' lines into L1 kPairL1Ahead pairs ahead and
 // fetches pf (the next slice, pf_panels panels) into L2, one line per pair and panel.
 template <int R, int P, bool kLeads>
-RADIXLM_BF16_TARGET inline void pair_tile(const int32_t* xp, const at::BFloat16* panel, int64_t ps, int64_t kc,
+RADIXLM_BF16_TARGET inline void pair_tile(const at::BFloat16* xt, int64_t ldx, const at::BFloat16* panel, int64_t ps, int64_t kc,
                                           bool first, float* part, int64_t ldp, at::BFloat16* y, int64_t ldy,
                                           const at::BFloat16* bias, const at::BFloat16* pf, int64_t pf_panels) {
   __m512 acc[R][P];
@@ -94,7 +81,9 @@ RADIXLM_BF16_TARGET inline void pair_tile(const int32_t* xp, const at::BFloat16*
           _mm_prefetch(reinterpret_cast<const char*>(pf + p * ps + kp * 32), _MM_HINT_T1);
     }
     for (int r = 0; r < R; ++r) {
-      const __m512bh a = (__m512bh)_mm512_set1_epi32(xp[kp * R + r]);
+      int32_t pair;
+      std::memcpy(&pair, xt + r * ldx + 2 * kp, 4);
+      const __m512bh a = (__m512bh)_mm512_set1_epi32(pair);
       for (int p = 0; p < P; ++p) acc[r][p] = _mm512_dpbf16_ps(acc[r][p], a, b[p]);
     }
   }
@@ -111,20 +100,20 @@ RADIXLM_BF16_TARGET inline void pair_tile(const int32_t* xp, const at::BFloat16*
 }
 
 template <int R, bool kLeads>
-RADIXLM_BF16_TARGET inline void pair_tile_np(int64_t np, const int32_t* xp, const at::BFloat16* panel, int64_t ps,
+RADIXLM_BF16_TARGET inline void pair_tile_np(int64_t np, const at::BFloat16* xt, int64_t ldx, const at::BFloat16* panel, int64_t ps,
                                              int64_t kc, bool first, float* part, int64_t ldp, at::BFloat16* y,
                                              int64_t ldy, const at::BFloat16* bias, const at::BFloat16* pf,
                                              int64_t pf_panels) {
-  if (np == 3) return pair_tile<R, 3, kLeads>(xp, panel, ps, kc, first, part, ldp, y, ldy, bias, pf, pf_panels);
-  if (np == 2) return pair_tile<R, 2, kLeads>(xp, panel, ps, kc, first, part, ldp, y, ldy, bias, pf, pf_panels);
-  pair_tile<R, 1, kLeads>(xp, panel, ps, kc, first, part, ldp, y, ldy, bias, pf, pf_panels);
+  if (np == 3) return pair_tile<R, 3, kLeads>(xt, ldx, panel, ps, kc, first, part, ldp, y, ldy, bias, pf, pf_panels);
+  if (np == 2) return pair_tile<R, 2, kLeads>(xt, ldx, panel, ps, kc, first, part, ldp, y, ldy, bias, pf, pf_panels);
+  pair_tile<R, 1, kLeads>(xt, ldx, panel, ps, kc, first, part, ldp, y, ldy, bias, pf, pf_panels);
 }
 
-// Rows [m0, m1) (packed by pack_pair_block into xp) times np (<= 3) pair panels at `panels` (stride
+// Rows [m0, m1) of x (row stride ldx) times np (<= 3) pair panels at `panels` (stride
 // ps = K * 16) into y's columns (y, bias offset to the first panel's column); part: (m1 - m0) x 48
 // fp32 scratch for the partial sums, needed (non-null) only when K spans several k blocks. next (or null): the slice to
 // fetch after the last k block (the next group's panels, next_np of them).
-inline void pair_group(const int32_t* xp, int64_t m0, int64_t m1, int64_t K, const at::BFloat16* panels, int64_t ps,
+inline void pair_group(const at::BFloat16* x, int64_t ldx, int64_t m0, int64_t m1, int64_t K, const at::BFloat16* panels, int64_t ps,
                        int64_t np, float* part, at::BFloat16* y, int64_t ldy, const at::BFloat16* bias,
                        const at::BFloat16* next, int64_t next_np) {
   const int64_t Kp = K / 2, blocks = (Kp + kPairKBlock - 1) / kPairKBlock;
@@ -139,14 +128,14 @@ inline void pair_group(const int32_t* xp, int64_t m0, int64_t m1, int64_t K, con
     bool first_tile = true;
     near_equal_tiles<kPairRows>(m0, m1, [&](auto r, int64_t m) {
       constexpr int R = decltype(r)::value;
-      const int32_t* xt = xp + (m - m0) * Kp + k0 * R;
+      const at::BFloat16* xt = x + m * ldx + 2 * k0;
       float* pt = part != nullptr ? part + (m - m0) * ldp : nullptr;
       at::BFloat16* yt = last ? y + (m - m0) * ldy : nullptr;
       if (first_tile) {
         first_tile = false;
-        pair_tile_np<R, true>(np, xt, pk, ps, kc, first, pt, ldp, yt, ldy, bias, pf, pf_np);
+        pair_tile_np<R, true>(np, xt, ldx, pk, ps, kc, first, pt, ldp, yt, ldy, bias, pf, pf_np);
       } else {
-        pair_tile_np<R, false>(np, xt, pk, ps, kc, first, pt, ldp, yt, ldy, bias, nullptr, 0);
+        pair_tile_np<R, false>(np, xt, ldx, pk, ps, kc, first, pt, ldp, yt, ldy, bias, nullptr, 0);
       }
     });
   }
@@ -158,16 +147,13 @@ inline void linear_pairs_bf16_avx512(const at::BFloat16* x, int64_t ldx, int64_t
   const int64_t panels = N / 16, ps = K * 16;
   const int64_t groups = (panels + kPairPanels - 1) / kPairPanels;
   const int64_t row_block = pair_row_block(K);
-  const int64_t rows = std::min(M, row_block);
-  std::unique_ptr<int32_t[]> xp(new int32_t[rows * (K / 2)]);  // every element written before it is read
   if (M < kPairStreamRows) {
     // Few rows: the weight streams from memory at most once whatever the tiles, so each thread reads
     // its panels front to back (one sequential stream: P = 1, no k blocks, no software prefetch).
-    pack_pair_block(x, ldx, 0, M, K, xp.get());
     at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
       with_rows<kPairStreamRows - 1>(M, [&](auto r) {
         for (int64_t p = p0; p < p1; ++p)
-          pair_tile<decltype(r)::value, 1, false>(xp.get(), w + p * ps, ps, K / 2, true, nullptr, 0, y + p * 16, N,
+          pair_tile<decltype(r)::value, 1, false>(x, ldx, w + p * ps, ps, K / 2, true, nullptr, 0, y + p * 16, N,
                                                   bias != nullptr ? bias + p * 16 : nullptr, nullptr, 0);
       });
     });
@@ -176,13 +162,12 @@ inline void linear_pairs_bf16_avx512(const at::BFloat16* x, int64_t ldx, int64_t
   const bool k_blocks = K / 2 > kPairKBlock;  // partial sums wait in a scratch between k blocks
   for (int64_t m0 = 0; m0 < M; m0 += row_block) {
     const int64_t m1 = std::min(M, m0 + row_block);
-    pack_pair_block(x, ldx, m0, m1, K, xp.get());
     at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
       std::unique_ptr<float[]> part(k_blocks ? new float[(m1 - m0) * 16 * kPairPanels] : nullptr);
       for (int64_t g = g0; g < g1; ++g) {
         const int64_t p = g * kPairPanels, np = std::min<int64_t>(kPairPanels, panels - p);
         const bool more = g + 1 < g1;
-        pair_group(xp.get(), m0, m1, K, w + p * ps, ps, np, part.get(), y + m0 * N + p * 16, N,
+        pair_group(x, ldx, m0, m1, K, w + p * ps, ps, np, part.get(), y + m0 * N + p * 16, N,
                    bias != nullptr ? bias + p * 16 : nullptr, more ? w + (p + np) * ps : nullptr,
                    more ? std::min<int64_t>(kPairPanels, panels - p - np) : 0);
       }

@@ -84,9 +84,9 @@ inline void packed_tile(const float* xp, const float* panel, int64_t ps, int64_t
     }
 }
 
-// Rows [m0, m1) of x packed tile by tile: the tile at row m starts at xp + (m - m0) * K.
+// Rows [m0, m1) of x packed tile by tile (threads share the tiles): the tile at row m starts at xp + (m - m0) * K.
 inline void pack_block(const float* x, int64_t ldx, int64_t m0, int64_t m1, int64_t K, float* xp) {
-  near_equal_tiles<kPackedRows>(m0, m1, [&](auto r, int64_t m) {
+  parallel_near_equal_tiles<kPackedRows>(m0, m1, 8, [&](auto r, int64_t m) {
     pack_rows<decltype(r)::value>(x + m * ldx, ldx, K, xp + (m - m0) * K);
   });
 }

@@ -11,7 +11,9 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
@@ -161,6 +163,22 @@ inline void near_equal_tiles(int64_t m0, int64_t m1, F&& f) {
     with_rows<MaxR>(h, [&](auto r) { f(r, m); });
     m += h;
   }
+}
+
+// The tiles near_equal_tiles<MaxR> makes of rows [m0, m1), spread over threads (at::parallel_for,
+// `grain` tiles at least per thread): for work per tile that writes only its own tile's output,
+// e.g. packing a block of x (a prefill's is ~1 MB: one thread packing it left the other idle).
+template <int MaxR, typename F>
+inline void parallel_near_equal_tiles(int64_t m0, int64_t m1, int64_t grain, F&& f) {
+  const int64_t rows = m1 - m0, tiles = (rows + MaxR - 1) / MaxR;
+  if (tiles == 0) return;
+  const int64_t base = rows / tiles, extra = rows % tiles;
+  at::parallel_for(0, tiles, grain, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t m = m0 + t * base + std::min(t, extra);
+      with_rows<MaxR>(base + (t < extra ? 1 : 0), [&](auto r) { f(r, m); });
+    }
+  });
 }
 
 template <typename T>
