@@ -337,7 +337,9 @@ def run_detokenizer_process(
     import zmq
 
     from radixlm.managers.ipc import PullReceiver, PushSender
+    from radixlm.srt.process_title import set_process_title
 
+    set_process_title("detokenizer")
     stopping: list[int] = []
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: stopping.append(signum))

@@ -58,8 +58,10 @@ def run_scheduler_process(server_args: "ServerArgs", paths: Optional["IpcPaths"]
     import zmq
 
     from radixlm.srt.cpu_runtime import MMAP_THRESHOLD, TRIM_THRESHOLD, tune_malloc
+    from radixlm.srt.process_title import set_process_title
 
     configure_child_logging(server_args.log_level)
+    set_process_title(f"scheduler_TP{tp_rank}")
     if tune_malloc():
         logger.debug("glibc malloc: mmap threshold %d, trim threshold %d", MMAP_THRESHOLD, TRIM_THRESHOLD)
     stopping: list[int] = []

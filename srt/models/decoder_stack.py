@@ -5,7 +5,7 @@ attention, O, norm, gate-up, SiLU-and-mul, down), each with module and view wrap
 one user's decode of the demo model (30 layers) that Python was ~2.4 ms of an ~8 ms step
 (docs/benchmarks.md). ``CpuDecoderStack`` hands the same kernels the same arguments from C++
 (``kernels/decoder/cpu/decoder_layers.cpp``), so a forward's hidden states are bitwise those of the
-module-by-module path (tests/kernels/test_decoder_layers.py); the modules stay the reference and run
+module-by-module path (tests/engine/test_decoder_stack.py); the modules stay the reference and run
 whatever the stack does not cover.
 
 It covers: tensor parallel size 1; Llama layers without biases or q/k norms; the C++ elementwise and

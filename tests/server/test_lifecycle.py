@@ -92,6 +92,9 @@ def test_children_exit_when_the_launcher_is_killed(launch, stories_path):
     server = launch(["--model-path", stories_path, *BASE_ARGS, *ENDLESS_ARGS])
     children = [server.child_pid("scheduler"), server.child_pid("detokenizer")]
     assert _stream_in_background(server).wait(60)  # the scheduler is busy decoding
+    # named for ps / top (srt/process_title.py), so `ps aux | grep radixlm` finds them
+    titles = [open(f"/proc/{p}/cmdline", "rb").read().split(b"\0")[0].decode() for p in children]
+    assert titles == ["radixlm::scheduler_TP0", "radixlm::detokenizer"], titles
     server.proc.send_signal(signal.SIGKILL)
     server.proc.wait(10)
     deadline = time.monotonic() + 5

@@ -6,7 +6,7 @@
 // module wrappers, views) against ~1 us of work for the small ones, so at one user's decode the
 // Python around the kernels was ~2.4 of ~8 ms a step (docs/benchmarks.md). The op runs the very
 // same kernels on the very same arguments in the same order as the layer modules do
-// (srt/models/llama.py), so its output is bitwise theirs (tests/kernels/test_decoder_layers.py).
+// (srt/models/llama.py), so its output is bitwise theirs (tests/engine/test_decoder_stack.py).
 //
 //   decoder_layers(h, cos, sin, norm_weights, eps, weights, kinds, in_features, num_heads, num_kv_heads, head_dim, k_caches, v_caches, <paged_attention's batch
 //                  arguments>, scaling) -> delta
