@@ -10,9 +10,24 @@ PREFIX = "radixlm::"
 
 
 def set_process_title(name: str) -> None:
-    """Set this process's title to ``radixlm::<name>`` (what ps, top and /proc/<pid>/cmdline show)."""
+    """Set this process's title to ``radixlm::<name>`` (what ps, top and /proc/<pid>/cmdline show).
+
+    The title is written over the original command line only (setproctitle's ``SPT_NOENV``): by
+    default setproctitle also takes over the environment's memory, which blanks
+    ``/proc/<pid>/environ`` (where one checks, e.g., the OpenMP settings a scheduler runs with).
+    A spawned child's command line (``python -B -c from multiprocessing.spawn import ...``) is long
+    enough for any of our titles."""
+    import os
+
+    added = "SPT_NOENV" not in os.environ
+    if added:
+        os.environ["SPT_NOENV"] = "1"
     try:
         import setproctitle
+
+        setproctitle.setproctitle(PREFIX + name)
     except ImportError:
-        return
-    setproctitle.setproctitle(PREFIX + name)
+        pass
+    finally:
+        if added:
+            os.environ.pop("SPT_NOENV", None)
