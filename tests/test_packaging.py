@@ -36,3 +36,13 @@ def test_kernel_sources_ship_as_package_data():
     assert {p.name for p in kernels.rglob("*.cpp")} == {s.name for s in SOURCES}
     # headers are in the build folder's digest: one left out would leave a stale build after an edit
     assert {p.name for p in kernels.rglob("*.h")} == {h.name for h in HEADERS}
+
+
+def test_uvicorn_serves_http_with_httptools():
+    """httptools is a dependency so that uvicorn's ``http="auto"`` (what the server runs) takes its C
+    parser and writer instead of h11's pure Python for every streamed SSE chunk."""
+    from uvicorn.config import Config
+
+    config = Config(app=lambda scope, receive, send: None, http="auto")
+    config.load()
+    assert config.http_protocol_class.__name__ == "HttpToolsProtocol"

@@ -110,7 +110,7 @@ class QuantGemm(GemmBackend):
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
         # decode's 2-D fp32 x skips the reshape / cast / view calls (~1-2 us each, 121 linears a step)
         x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
-        if x2.shape[0] <= SMALL_M or (x2.dtype == torch.bfloat16 and self._bf16_rows):
+        if self._rows_kernel(x2.shape[0], x2.dtype):
             # bf16 x goes in as it is (the AVX512-BF16 kernel for 4-bit blocks; else widened in C++)
             xs = x2 if x2.dtype in (torch.float32, torch.bfloat16) else x2.float()
             y = self._linear(xs, weight, self.format.code, self.in_features, self.int8_activations)
@@ -123,10 +123,13 @@ class QuantGemm(GemmBackend):
             y = y.to(x.dtype)
         return y if x.dim() == 2 else y.view(*x.shape[:-1], y.shape[-1])
 
+    def _rows_kernel(self, rows: int, dtype: torch.dtype) -> bool:
+        """Whether ``linear`` runs the rows kernel (``quant_linear``) for ``rows`` rows of ``dtype`` x,
+        else the panel kernel."""
+        return rows <= SMALL_M or (dtype == torch.bfloat16 and self._bf16_rows)
+
     def fused_kind(self, weight: torch.Tensor, rows: int, dtype: torch.dtype) -> Optional[int]:
         # the rows kernel on x as it is, as ``linear`` picks it (the panel kernel takes fp32 copies)
         if self.int8_activations or dtype not in (torch.float32, torch.bfloat16):
             return None
-        if rows <= SMALL_M or (dtype == torch.bfloat16 and self._bf16_rows):
-            return self.format.code
-        return None
+        return self.format.code if self._rows_kernel(rows, dtype) else None
