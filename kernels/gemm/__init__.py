@@ -8,16 +8,19 @@ from radixlm.kernels.gemm.base import GemmBackend
 
 
 def bf16_pairs_preferred(info, capability: str) -> bool:
-    """Whether ``auto`` takes the cpu kernel's vdpbf16ps tiles for bf16: an AVX-512 build
+    """Whether ``auto`` takes the cpu kernel's bf16 pair panels for bf16: an AVX-512 build
     (``capability``: torch.backends.cpu.get_cpu_capability()) on a CPU (``info``: a CpuInfo) with
-    AVX512-BF16 and without AMX-BF16, for which oneDNN has faster bf16 tiles."""
-    return capability.startswith("AVX512") and "avx512_bf16" in info.flags and "amx_bf16" not in info.flags
+    AVX512-BF16. They are multiplied with vdpbf16ps, or with AMX's TDPBF16PS where the CPU has
+    AMX-BF16 (and K is a multiple of 32): batch-invariant either way, and on a 2-core Sapphire
+    Rapids-class Xeon 1.5-1.8x oneDNN's prepacked bf16 GEMM at 1-32 rows and about even with it at
+    64-1024 (benchmarks/bench_gemm.py, docs/benchmarks.md)."""
+    return capability.startswith("AVX512") and "avx512_bf16" in info.flags
 
 
 def create_gemm_backend(name: str, device: torch.device, dtype: torch.dtype) -> GemmBackend:
-    """Return a ``GemmBackend``. ``auto`` on CPU: for fp32, and for bf16 on a CPU without AMX-BF16 /
-    AVX512-BF16 or with AVX512-BF16 but no AMX, radixlm's packed-panel C++ kernel (``cpu``:
-    batch-invariant) when it builds here;
+    """Return a ``GemmBackend``. ``auto`` on CPU: for fp32 and bf16, radixlm's packed-panel C++
+    kernel (``cpu``: batch-invariant; bf16 on vdpbf16ps / AMX tiles where the CPU has them) when it
+    builds here, except bf16 on an AVX2 build of torch for a CPU with bf16 units;
     else onednn where oneDNN supports ``dtype`` with a packed-weight kernel (fp32 anywhere oneDNN runs;
     bf16/fp16 only with the vector units oneDNN needs for them); else torch_native. Elsewhere
     torch_native.
@@ -36,9 +39,10 @@ def create_gemm_backend(name: str, device: torch.device, dtype: torch.dtype) -> 
 
             # bf16 without native bf16 units: oneDNN emulates it with blockings that depend on M, so
             # greedy output would depend on the batch; the cpu kernel's fp32 chains do not. With
-            # AVX512-BF16 but no AMX the cpu kernel's vdpbf16ps tiles are batch-invariant too and
-            # faster than oneDNN's up to ~128 rows (bench_gemm.py, docs/benchmarks.md); with AMX
-            # oneDNN's tiles are several times faster, so they stay the default there.
+            # AVX512-BF16 the cpu kernel's vdpbf16ps tiles (with AMX its TDPBF16PS tiles) are
+            # batch-invariant too, and faster than oneDNN's at decode's row counts and about even
+            # at prefill's (bench_gemm.py, docs/benchmarks.md): oneDNN's own choice of kernel
+            # changes with M, so with it bf16 greedy output would depend on the batch.
             info = cpu_info()
             pairs = bf16_pairs_preferred(info, torch.backends.cpu.get_cpu_capability())
             if dtype == torch.float32 or (dtype == torch.bfloat16 and (not prefers_bf16(info) or pairs)):

@@ -52,14 +52,14 @@ def test_onednn_linear_bf16():
     torch.testing.assert_close(y.float(), F.linear(x.float(), w.float()), rtol=2e-2, atol=2e-2)
 
 
-def test_bf16_pairs_only_with_avx512_bf16_and_without_amx():
+def test_bf16_pairs_with_avx512_bf16_builds():
     from radixlm.srt.cpu_runtime import CpuInfo
 
     zen4 = CpuInfo("AMD EPYC", ("avx2", "avx512f", "avx512_bf16"), 2)
     assert bf16_pairs_preferred(zen4, "AVX512")
     assert not bf16_pairs_preferred(zen4, "AVX2")  # an AVX2 build has no vdpbf16ps tiles
     spr = CpuInfo("Xeon", ("avx512f", "avx512_bf16", "amx_bf16", "amx_tile"), 2)
-    assert not bf16_pairs_preferred(spr, "AVX512")  # AMX: oneDNN's tiles
+    assert bf16_pairs_preferred(spr, "AVX512")  # AMX: the pair panels on TDPBF16PS tiles
     assert not bf16_pairs_preferred(CpuInfo("Xeon", ("avx2", "avx512f"), 2), "AVX512")  # no bf16 units
 
 
@@ -71,8 +71,8 @@ def test_create_gemm_backend_choices():
                          "onednn" if onednn_supports(torch.float32) else "torch_native")
     from radixlm.srt.cpu_runtime import cpu_info, prefers_bf16
 
-    # bf16: oneDNN's AMX tiles where AMX is; elsewhere the batch-invariant cpu kernel (vdpbf16ps
-    # tiles with AVX512-BF16, widened fp32 chains without bf16 units)
+    # bf16: the batch-invariant cpu kernel (AMX or vdpbf16ps tiles with AVX512-BF16, widened fp32
+    # chains without bf16 units), except on an AVX2 build for a CPU with bf16 units
     bf16 = create_gemm_backend("auto", CPU, torch.bfloat16).name
     info = cpu_info()
     if prefers_bf16(info) and not bf16_pairs_preferred(info, torch.backends.cpu.get_cpu_capability()):
@@ -335,3 +335,60 @@ def test_cpu_linear_bf16_rows_alone_equal_rows_in_any_batch(n, k):
         assert torch.equal(gemm.linear(x[lo:hi], packed, b).view(torch.int16), full[lo:hi].view(torch.int16)), (lo, hi)
     exact = F.linear(x.double(), w.double()) + b.double()
     assert ((full.double() - exact).abs() <= exact.abs() * 2 ** -8 + 1e-2).all()
+
+
+def _cpu_has_amx_bf16() -> bool:
+    from radixlm.srt.cpu_runtime import cpu_info
+
+    return _cpu_has_bf16_dot() and "amx_bf16" in cpu_info().flags
+
+
+@pytest.mark.parametrize("n,k", [(16, 64), (48, 576), (80, 1536), (960, 576)])
+def test_cpu_linear_bf16_amx_tiles_are_batch_invariant(n, k):
+    """With AMX-BF16 (and K a multiple of 32) bf16 linears run on TDPBF16PS tiles (bf16_amx.h): up to
+    16 rows one row tile over 4 panels, more rows in 32-row blocks of two row tiles x 2 panels, a
+    last block of 17-31 or 1-16 rows, an odd panel alone. A row's bits must not depend on which of
+    these it fell in, and the result is one fp32 chain rounded once (within a bf16 ulp)."""
+    gemm = _cpu_gemm()
+    assert torch.ops.radixlm_cpu.gemm_bf16_amx(k) == _cpu_has_amx_bf16()
+    assert not torch.ops.radixlm_cpu.gemm_bf16_amx(k + 2)  # K % 32 != 0: the vdpbf16ps tiles
+    g = torch.Generator().manual_seed(n * k)
+    w, b = (torch.randn(n, k, generator=g) * 0.05).bfloat16(), torch.randn(n, generator=g).bfloat16()
+    packed = gemm.prepare(w)
+    x = torch.randn(70, k, generator=g).bfloat16()
+    full = gemm.linear(x, packed, b)
+    exact = F.linear(x.double(), w.double()) + b.double()
+    assert ((full.double() - exact).abs() <= exact.abs() * 2 ** -8 + 1e-2).all()
+    for lo, hi in ((0, 1), (0, 15), (0, 16), (0, 17), (3, 34), (0, 32), (0, 33), (0, 48), (5, 69), (69, 70)):
+        assert torch.equal(gemm.linear(x[lo:hi], packed, b).view(torch.int16), full[lo:hi].view(torch.int16)), (lo, hi)
+
+
+_AFTER_ONEDNN = """
+import torch
+from radixlm.kernels.gemm.cpu import CpuGemm
+from radixlm.kernels.gemm.onednn import OneDnnGemm
+gemm, onednn = CpuGemm(), OneDnnGemm()
+g = torch.Generator().manual_seed(11)
+w = (torch.randn(576, 576, generator=g) * 0.05).bfloat16()
+x = torch.randn(128, 576, generator=g).bfloat16()
+packed, dense = gemm.prepare(w), onednn.prepare(w)
+for m in (1, 64, 128):
+    before = gemm.linear(x[:m], packed)
+    onednn.linear(x, dense)  # oneDNN's tiles (AMX brgemm at 128 rows) on the calling threads
+    assert torch.equal(gemm.linear(x[:m], packed), before), m
+print("ok")
+"""
+
+
+@pytest.mark.skipif(not onednn_supports(torch.bfloat16), reason="oneDNN has no bf16 GEMM on this CPU")
+def test_cpu_bf16_kernels_after_onednn_loaded_its_own_tile_configuration():
+    """oneDNN's bf16 GEMM loads its own AMX tile configuration (on AMX CPUs, from ~128 rows) on the
+    same threads: radixlm's AMX linear (and attention) must read the configuration back and load
+    theirs, not trust what they loaded last. A TDPBF16PS on another kernel's tile shapes faults
+    (SIGILL: this ran so in a subprocess), and wrong shapes would give wrong sums."""
+    import subprocess
+    import sys
+
+    _cpu_gemm()
+    run = subprocess.run([sys.executable, "-c", _AFTER_ONEDNN], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and run.stdout.strip() == "ok", (run.returncode, run.stderr[-2000:])

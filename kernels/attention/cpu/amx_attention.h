@@ -7,52 +7,29 @@
 // One TDPBF16PS is 16 x 16 x 32 multiply-adds; the AVX-512 engine does 16 per instruction.
 
 #ifdef CPU_CAPABILITY_AVX512
-#include <cpuid.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-
-// Whether this process can use AMX-BF16 tiles: the CPU has them and Linux grants the tile state
-// (arch_prctl ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA; oneDNN asks the same). Fixed per process.
-inline bool amx_bf16_usable() {
-  static const bool ok = [] {
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
-    const bool tile = d & (1u << 24), bf16 = d & (1u << 22);
-    if (!tile || !bf16) return false;
-    constexpr long kReqXcompPerm = 0x1023, kXtiledata = 18;
-    return syscall(SYS_arch_prctl, kReqXcompPerm, kXtiledata) == 0;
-  }();
-  return ok;
-}
+// amx_tiles.h (the process's AMX permission, the per-thread configuration key) is included by
+// paged_attention.cpp outside its anonymous namespace.
 
 // Whether a bf16 pool with head_dim d takes the AMX path here (d a multiple of 32: whole A tiles).
-inline bool amx_attention(int64_t d) { return amx_bf16_usable() && d % 32 == 0 && d <= 256; }
+inline bool amx_attention(int64_t d) { return radixlm_amx::bf16_usable() && d % 32 == 0 && d <= 256; }
 
 constexpr int64_t AMX_ROWS = 16;  // rows of every tile (query vectors per Q / P / O tile)
 
 // Every tile 16 rows x 64 bytes (palette 1): tiles 0-3 accumulators, 4 the A operand, 6-7 B operands.
-struct alignas(64) TileConfig {
-  uint8_t palette = 1, start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
 // Tiles for `rows` (1..16) query vectors per Q / P / output tile (B tiles always 16 rows). A decode
 // item has G (a few) query vectors: its tiles are that many rows, so loads and TDPBF16PS do not run
 // over 16. The rows of a tile are independent, so the row count never changes a result. The
-// configuration is per thread; amx_rows remembers it (0: not configured by this kernel call).
+// configuration is per thread, and other kernels (the AMX linear, oneDNN) load theirs between two
+// attention calls: amx_configure checks it on every call (radixlm_amx::configure).
 inline thread_local int64_t amx_rows = 0;
 __attribute__((target("amx-tile"))) inline void amx_configure(int64_t rows) {
-  if (rows == amx_rows) return;
-  TileConfig cfg;
+  amx_rows = rows;
+  radixlm_amx::TileConfig cfg;
   for (int t = 0; t < 8; ++t) {
     cfg.colsb[t] = 64;
     cfg.rows[t] = (t == 6 || t == 7) ? 16 : static_cast<uint8_t>(rows);
   }
-  asm volatile("" : : "r"(&cfg) : "memory");  // GCC does not see ldtilecfg read cfg: keep the stores
-  _tile_loadconfig(&cfg);
-  amx_rows = rows;
+  radixlm_amx::configure(cfg);
 }
 
 __attribute__((target("amx-tile"))) inline void amx_release() {

@@ -33,6 +33,7 @@
 #include <ATen/cpu/vec/functional.h>
 #include <torch/library.h>
 
+#include "../../gemm/cpu/amx_tiles.h"
 #include "../../gemm/cpu/transpose.h"
 
 #include <algorithm>

@@ -10,7 +10,8 @@
 // the chains accumulate in fp32 and the result is rounded to bf16 once (round-to-nearest-even, as
 // torch rounds), after the bias add in fp32. On CPUs with AVX512-BF16 the weight is packed in pair
 // panels instead (bf16_dot.h) and multiplied with vdpbf16ps in 8-row x 48-column tiles over packed
-// activations (bf16_packed_avx512.h): the same rounding, twice the rate.
+// activations (bf16_packed_avx512.h): the same rounding, twice the rate. With AMX-BF16 the same pair
+// panels are B tiles, multiplied with TDPBF16PS (bf16_amx.h) where K is a multiple of 32.
 //
 // The microkernel keeps a tile of R (<= 6) rows x 16 columns in 12 AVX2 registers (AVX-512: R <= 12
 // rows in 12 zmm registers, the same chains; 8-wide panels: 6;
@@ -36,6 +37,7 @@
 #include "microkernel.h"
 #ifdef CPU_CAPABILITY_AVX512
 #include "bf16_packed_avx512.h"
+#include "bf16_amx.h"
 #include "fp32_packed_avx512.h"
 #endif
 
@@ -52,6 +54,7 @@ void linear_impl(const at::Tensor& xc, const at::Tensor& w, const T* bp, at::Ten
   const int64_t ldx = xc.stride(0);
 #ifdef CPU_CAPABILITY_AVX512
   if constexpr (std::is_same_v<T, at::BFloat16>) {
+    if (use_bf16_amx(K, pw)) return linear_pairs_bf16_amx(xp, ldx, M, wp, N, K, bp, yp);  // bf16_amx.h
     if (use_bf16_pairs(K, pw)) return linear_pairs_bf16_avx512(xp, ldx, M, wp, N, K, bp, yp);  // bf16_packed_avx512.h
   }
   if constexpr (std::is_same_v<T, float>) {
@@ -102,9 +105,20 @@ at::Tensor linear_packed(const at::Tensor& x, const at::Tensor& w, const c10::op
   return y;
 }
 
+// Whether bf16 weights of K input features (in 16-column panels) run on AMX tiles in this build and process.
+bool gemm_bf16_amx(int64_t K) {
+#ifdef CPU_CAPABILITY_AVX512
+  return use_bf16_amx(K, 16);
+#else
+  (void)K;
+  return false;
+#endif
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(radixlm_cpu, m) {
+  m.def("gemm_bf16_amx(int K) -> bool", &gemm_bf16_amx);
   m.def("pack_linear_weight(Tensor w) -> Tensor");
   m.def("linear_packed(Tensor x, Tensor w, Tensor? bias) -> Tensor");
   m.impl("pack_linear_weight", c10::DispatchKey::CPU, &pack_linear_weight);
