@@ -71,12 +71,6 @@ RADIXLM_AMX_TARGET inline void amx_prefetch_b(const at::BFloat16* b) {
   for (int i = 0; i < 16; ++i) _mm_prefetch(p + 64 * i, _MM_HINT_T0);
 }
 
-// Asks for the lines of an A tile (rows rows of 64 bytes, sx bytes apart) into L1.
-RADIXLM_AMX_TARGET inline void amx_prefetch_a(const at::BFloat16* a, int64_t sx, int64_t rows) {
-  const char* p = reinterpret_cast<const char*>(a);
-  for (int64_t i = 0; i < rows; ++i) _mm_prefetch(p + sx * i, _MM_HINT_T0);
-}
-
 constexpr int64_t kAmxAhead = 4;  // k steps (32 k each) ahead at which the tiles' lines are asked for
 
 // Rounds `rows` rows of the fp32 block c (64 floats a row) over np panels, plus bias, into y (ldy).
@@ -143,22 +137,21 @@ RADIXLM_AMX_TARGET inline void amx_two_row_tiles(const at::BFloat16* x, int64_t 
   const at::BFloat16* x1 = x + 16 * ldx;
   for (int64_t k = 0; k < K; k += 32) {
     const at::BFloat16* b = w + k * 16;
-    if (k + kAmxAhead * 32 < K) {
+    if (k + kAmxAhead * 32 < K) {  // the weight streams (from memory on a chunk's first row block)
       const at::BFloat16* bf = b + kAmxAhead * 32 * 16;
       for (int p = 0; p < NP; ++p) amx_prefetch_b(bf + p * ps);
-      amx_prefetch_a(x + k + kAmxAhead * 32, sx, 16);
-      amx_prefetch_a(x1 + k + kAmxAhead * 32, sx, 16);
     }
+    // Both B tiles, then A0's two products, then A1's: tile 4 is free for the next step's A0 after
+    // the second product and tile 6 after the third (asking for A's lines ahead, 32 prefetches a
+    // step, measured slower: x's rows are in L1 / L2 already).
     _tile_loadd(4, x + k, sx);
     _tile_loadd(6, b, 64);
-    _tile_loadd(5, x1 + k, sx);
+    if constexpr (NP > 1) _tile_loadd(7, b + ps, 64);
     _tile_dpbf16ps(0, 4, 6);
+    if constexpr (NP > 1) _tile_dpbf16ps(1, 4, 7);
+    _tile_loadd(5, x1 + k, sx);
     _tile_dpbf16ps(2, 5, 6);
-    if constexpr (NP > 1) {
-      _tile_loadd(7, b + ps, 64);
-      _tile_dpbf16ps(1, 4, 7);
-      _tile_dpbf16ps(3, 5, 7);
-    }
+    if constexpr (NP > 1) _tile_dpbf16ps(3, 5, 7);
   }
   _tile_stored(0, c, 256);
   _tile_stored(2, c + 16 * 64, 256);
