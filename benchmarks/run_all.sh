@@ -13,7 +13,8 @@
 # (default: radixlm's SmolLM2-135M folder), PEERS (labels to run, default all seven: radixlm
 # radixlm-nocache radixlm-q4 vllm llama-server hf-serve hf-static), ONLY (comma-separated workloads, e.g.
 # shared_prefix,random), OUT_DIR / IMG_DIR (bench_results[/quick], docs/img or OUT_DIR/img with
-# QUICK), RADIXLM_PYTHON (default: the python3 on PATH), and run_peers.sh's variables. Peers that are
+# QUICK), ROUNDS (bench_serving --rounds: each target measured N times in alternating order, its best
+# round reported; default 1), RADIXLM_PYTHON (default: the python3 on PATH), and run_peers.sh's variables. Peers that are
 # not installed are reported as skipped (install: benchmarks/peers/install_*.sh, build_llama_server.sh).
 set -euo pipefail
 

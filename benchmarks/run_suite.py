@@ -164,6 +164,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--img-dir", default=None, help="PNGs (default docs/img, QUICK: <out-dir>/img)")
     ap.add_argument("--only", default="", help="comma-separated workload names (default: all)")
     ap.add_argument("--threads", type=int, default=int(os.environ.get("THREADS", "2")), help="hf-static torch threads")
+    ap.add_argument("--rounds", type=int, default=int(os.environ.get("ROUNDS", "1")),
+                    help="bench_serving --rounds for every workload (default: $ROUNDS, else 1)")
     args = ap.parse_args(argv)
     flags = os.environ.get("BENCH_TARGETS")
     if not flags:
@@ -184,7 +186,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             print(f"== {name}: no target, skipped")
             continue
         argv_ = [*other, *tflags, *wl_flags, "--hf-threads", str(args.threads), "--disable-tqdm",
-                 "--output", str(out_dir / f"{name}.json")]
+                 "--rounds", str(args.rounds), "--output", str(out_dir / f"{name}.json")]
         print(f"== {name}: bench_serving {shlex.join(argv_)}", flush=True)
         t0 = time.perf_counter()
         bench.main(argv_)

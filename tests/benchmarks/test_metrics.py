@@ -109,3 +109,23 @@ def test_report_ratios(bench, capsys):
     assert row["v/r"] == pytest.approx(2.5)
     assert next(r for r in rows if r["metric"] == "cache_hit_rate")["v/r"] is None
     assert "v/r" in capsys.readouterr().out
+
+
+def test_rounds_alternate_the_order_and_keep_each_targets_best(bench):
+    """--rounds N: forwards, backwards, forwards ... so neither system always goes first into a slow
+    phase of the host; per target the round with the highest output throughput is reported, every
+    round's figure kept beside it, and a skipped round (no metrics) counts as 0."""
+    assert bench.round_orders(2, 1) == [[0, 1]]
+    assert bench.round_orders(2, 3) == [[0, 1], [1, 0], [0, 1]]
+    assert bench.round_orders(3, 2) == [[0, 1, 2], [2, 1, 0]]
+
+    def run(label, rate):
+        return {"label": label, "metrics": {"output_throughput": rate} if rate is not None else {}}
+
+    chosen = bench.best_rounds([[run("a", 100.0), run("b", 90.0)],
+                                [run("a", 80.0), run("b", 120.0)],
+                                [run("a", None), run("b", 110.0)]])
+    assert [c["label"] for c in chosen] == ["a", "b"]
+    assert [c["metrics"]["output_throughput"] for c in chosen] == [100.0, 120.0]
+    assert chosen[0]["rounds"] == {"output_throughput": [100.0, 80.0, 0.0], "chosen": 0}
+    assert chosen[1]["rounds"] == {"output_throughput": [90.0, 120.0, 110.0], "chosen": 1}
