@@ -11,9 +11,9 @@ def bf16_pairs_preferred(info, capability: str) -> bool:
     """Whether ``auto`` takes the cpu kernel's bf16 pair panels for bf16: an AVX-512 build
     (``capability``: torch.backends.cpu.get_cpu_capability()) on a CPU (``info``: a CpuInfo) with
     AVX512-BF16. They are multiplied with vdpbf16ps, or with AMX's TDPBF16PS where the CPU has
-    AMX-BF16 (and K is a multiple of 32): batch-invariant either way, and on a 2-core Sapphire
-    Rapids-class Xeon 1.5-1.8x oneDNN's prepacked bf16 GEMM at 1-32 rows and about even with it at
-    64-1024 (benchmarks/bench_gemm.py, docs/benchmarks.md)."""
+    AMX-BF16 (and K is a multiple of 32): batch-invariant either way; on a 2-core AMX Xeon (model 207)
+    ~1.5x oneDNN's prepacked bf16 GEMM at 1-32 rows, 1.1-1.2x at 64-128 and 0.8-1.0x at 512
+    (docs/benchmarks.md), and faster end to end there (the decoder stack runs with it)."""
     return capability.startswith("AVX512") and "avx512_bf16" in info.flags
 
 
@@ -40,8 +40,8 @@ def create_gemm_backend(name: str, device: torch.device, dtype: torch.dtype) -> 
             # bf16 without native bf16 units: oneDNN emulates it with blockings that depend on M, so
             # greedy output would depend on the batch; the cpu kernel's fp32 chains do not. With
             # AVX512-BF16 the cpu kernel's vdpbf16ps tiles (with AMX its TDPBF16PS tiles) are
-            # batch-invariant too, and faster than oneDNN's at decode's row counts and about even
-            # at prefill's (bench_gemm.py, docs/benchmarks.md): oneDNN's own choice of kernel
+            # batch-invariant too, and faster than oneDNN's at decode's row counts though behind at
+            # prefill's (bench_gemm.py, docs/benchmarks.md): oneDNN's own choice of kernel
             # changes with M, so with it bf16 greedy output would depend on the batch.
             info = cpu_info()
             pairs = bf16_pairs_preferred(info, torch.backends.cpu.get_cpu_capability())

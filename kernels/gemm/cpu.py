@@ -14,8 +14,8 @@ once: on an AVX2 CPU about as fast as fp32 from half the bytes. With AVX512-BF16
 pairs of k and multiplied with vdpbf16ps (``cpu/bf16_packed_avx512.h``): on a Zen 4 EPYC 1.7x oneDNN at
 1 row, 1.1-1.4x at 8-64, the same at 128, ~0.9x at 1024 and more (docs/benchmarks.md), so ``auto``
 uses it for bf16 there. With AMX-BF16 the same pair panels are AMX B tiles and run on TDPBF16PS
-(``cpu/bf16_amx.h``; K a multiple of 32): on a 2-core Sapphire Rapids-class Xeon 1.5-1.8x oneDNN's
-prepacked GEMM (which runs AMX too) at 1-32 rows, about even at 64-1024 — and batch-invariant, where
+(``cpu/bf16_amx.h``; K a multiple of 32): on a 2-core AMX Xeon ~1.5x oneDNN's prepacked GEMM (which
+runs AMX too) at 1-32 rows, 1.1-1.2x at 64-128, 0.8-1.0x at 512 — and batch-invariant, where
 oneDNN's kernel choice changes with M. Weights of other dtypes stay dense and run through ``F.linear``.
 """
 

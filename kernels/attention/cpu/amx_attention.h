@@ -7,8 +7,8 @@
 // One TDPBF16PS is 16 x 16 x 32 multiply-adds; the AVX-512 engine does 16 per instruction.
 
 #ifdef CPU_CAPABILITY_AVX512
-// amx_tiles.h (the process's AMX permission, the per-thread configuration key) is included by
-// paged_attention.cpp outside its anonymous namespace.
+// amx_tiles.h (the process's AMX permission, the configuration handshake) is included by
+// paged_attention.cpp ahead of its anonymous namespace.
 
 // Whether a bf16 pool with head_dim d takes the AMX path here (d a multiple of 32: whole A tiles).
 inline bool amx_attention(int64_t d) { return radixlm_amx::bf16_usable() && d % 32 == 0 && d <= 256; }

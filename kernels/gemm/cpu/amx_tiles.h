@@ -1,6 +1,6 @@
 // AMX tile state shared by radixlm's AMX kernels (the bf16 linear, bf16_amx.h; the attention engine,
 // attention/cpu/amx_attention.h): whether this process may use the tiles, the palette-1 configuration
-// block, and which configuration each thread has loaded.
+// block, and loading a kernel's configuration where the thread does not hold it already.
 //
 // The tile configuration is per thread (LDTILECFG) and every kernel that uses tiles needs its own
 // (the linear's tiles have as many rows as its row block, the attention's as many as its query
