@@ -36,6 +36,7 @@ HEADERS = [Path(__file__).parent / "attention" / "cpu" / "amx_attention.h",
            Path(__file__).parent / "gemm" / "cpu" / "microkernel.h", Path(__file__).parent / "gemm" / "cpu" / "transpose.h",
            Path(__file__).parent / "gemm" / "cpu" / "bf16_dot.h", Path(__file__).parent / "gemm" / "cpu" / "bf16_packed_avx512.h",
            Path(__file__).parent / "gemm" / "cpu" / "bf16_amx.h", Path(__file__).parent / "gemm" / "cpu" / "amx_tiles.h",
+           Path(__file__).parent / "gemm" / "cpu" / "work_stealing.h",
            Path(__file__).parent / "gemm" / "cpu" / "fp32_packed_avx512.h",
            Path(__file__).parent / "quant" / "cpu" / "quant_rows_avx512.h",
            Path(__file__).parent / "quant" / "cpu" / "quant_rows_bf16_avx512.h"]  # included by SOURCES: part of the digest

@@ -8,6 +8,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include "../../gemm/cpu/work_stealing.h"
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 #include <torch/library.h>
@@ -65,7 +66,7 @@ at::Tensor argmax_rows(const at::Tensor& logits) {
   at::Tensor out = at::empty({rows}, logits.options().dtype(at::kLong));
   const float* x = logits.data_ptr<float>();
   int64_t* o = out.data_ptr<int64_t>();
-  at::parallel_for(0, rows, 4, [&](int64_t begin, int64_t end) {
+  radixlm_parallel::parallel_for_steal(0, rows, 4, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) o[r] = row_argmax(x + r * ld, n);
   });
   return out;

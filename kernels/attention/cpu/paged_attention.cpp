@@ -6,7 +6,8 @@
 // (KVPool.set_kv), so one call does the store and the attention.
 //
 // Work items are (request, KV head, tile of up to TILE query rows), run in torch's OpenMP pool
-// (at::parallel_for, so the thread count and wait policy are the process's). An item computes the
+// (at::parallel_for, so the thread count and wait policy are the process's), each thread on its own
+// list first and then on the others' leftovers (work_stealing.h). An item computes the
 // rows x G (= H / KVH) query vectors that share the KV head, so a K/V row is loaded once for all of
 // them, in blocks of BLOCK keys:
 // scores = q . k (fp32; K transposed per block so a vector of keys' scores is one chain of FMAs, with up
@@ -35,6 +36,7 @@
 
 #include "../../gemm/cpu/amx_tiles.h"
 #include "../../gemm/cpu/transpose.h"
+#include "../../gemm/cpu/work_stealing.h"
 
 #include <algorithm>
 #include <array>
@@ -661,17 +663,21 @@ void attention_kernel(const at::Tensor& q, const at::Tensor& k_cache, const at::
         for (int64_t h = 0; h < kvh; ++h) shared.push_back({g, r0, n, h});
       }
     }
-    at::parallel_for(0, shared.size(), 1, [&](int64_t begin, int64_t end) {
+    // Cascade items round-robin over the threads (they cost about the same), stolen when a thread is late.
+    const int64_t ct = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), shared.size()));
+    auto shared_item = [&](int64_t t, int64_t u) { return shared[u * ct + t]; };
+    auto shared_count = [&](int64_t t) { return (static_cast<int64_t>(shared.size()) - t + ct - 1) / ct; };
+    radixlm_parallel::parallel_steal(ct, shared_count, [&](int64_t, int64_t, auto&& run) {
 #ifdef CPU_CAPABILITY_AVX512
       if constexpr (std::is_same_v<T, at::BFloat16>) {
         auto run_tiles = [&](auto engine) {
           using Tiles = decltype(engine);
           TileScratch sc(SHARED_TILE * group, d, Tiles::kRowMultiple);
-          for (int64_t i = begin; i < end; ++i) {
-            const auto& [g, r0, n, h] = shared[i];
+          run([&](int64_t t, int64_t u) {
+            const auto& [g, r0, n, h] = shared_item(t, u);
             attend_shared_tiles<Tiles>(qrows.data() + r0, n, h, qp, kp, vp, table + rows[rq[off[g]]] * ctx, glen[g],
                                        heads, group, d, slots, static_cast<float>(scaling), st, sc);
-          }
+          });
           Tiles::release();
         };
         if (amx) return run_tiles(AmxTiles{});
@@ -679,36 +685,36 @@ void attention_kernel(const at::Tensor& q, const at::Tensor& k_cache, const at::
       }
 #endif
       std::vector<float> qf(SHARED_TILE * group * d), kblock(BLOCK * d), vblock(BLOCK * d), scores(group * BLOCK);
-      for (int64_t i = begin; i < end; ++i) {
-        const auto& [g, r0, n, h] = shared[i];
+      run([&](int64_t t, int64_t u) {
+        const auto& [g, r0, n, h] = shared_item(t, u);
         attend_shared<T>(qrows.data() + r0, n, h, qp, kp, vp, table + rows[rq[off[g]]] * ctx, glen[g], heads, group,
                          d, slots, static_cast<float>(scaling), st, qf, kblock, vblock, scores);
-      }
+      });
     });
   }
-  // Runs fn on the items of threads [begin, end), asking for each next item's first key block first.
-  auto for_each_item = [&](int64_t begin, int64_t end, auto&& fn) {
-    for (int64_t t = begin; t < end; ++t) {
-      for (size_t x = 0; x < assigned[t].size(); ++x) {
-        if (x + 1 < assigned[t].size()) {
-          const Item& nx = items[assigned[t][x + 1]];
-          prefetch_keys_l2(kp + nx.h * slots * d, vp + nx.h * slots * d, table + rows[nx.b] * ctx, key_begin[nx.b],
-                           std::min(pre[nx.b] + nx.row0 + nx.rows, key_begin[nx.b] + BLOCK), d);
-        }
-        fn(items[assigned[t][x]]);
+  // Runs the items: each thread its own LPT list front to back (asking for its next item's first key
+  // block before computing the current one), then the others' cheapest items from their backs.
+  auto item_runner = [&](auto&& fn) {
+    return [&, fn](int64_t t, int64_t x) {
+      if (x + 1 < static_cast<int64_t>(assigned[t].size())) {
+        const Item& nx = items[assigned[t][x + 1]];
+        prefetch_keys_l2(kp + nx.h * slots * d, vp + nx.h * slots * d, table + rows[nx.b] * ctx, key_begin[nx.b],
+                         std::min(pre[nx.b] + nx.row0 + nx.rows, key_begin[nx.b] + BLOCK), d);
       }
-    }
+      fn(items[assigned[t][x]]);
+    };
   };
-  at::parallel_for(0, nthreads, 1, [&](int64_t begin, int64_t end) {
+  auto item_count = [&](int64_t t) { return static_cast<int64_t>(assigned[t].size()); };
+  radixlm_parallel::parallel_steal(nthreads, item_count, [&](int64_t, int64_t, auto&& run) {
 #ifdef CPU_CAPABILITY_AVX512
     if constexpr (std::is_same_v<T, at::BFloat16>) {
       auto run_tiles = [&](auto engine) {
         using Tiles = decltype(engine);
         TileScratch sc(TILE * group, d, Tiles::kRowMultiple);
-        for_each_item(begin, end, [&](const Item& it) {
+        run(item_runner([&](const Item& it) {
           attend_item_tiles<Tiles>(it, qp, kp, vp, table + rows[it.b] * ctx, pre[it.b], key_begin[it.b], q_start[it.b],
                                    heads, group, d, slots, static_cast<float>(scaling), st, op, sc);
-        });
+        }));
         Tiles::release();
       };
       if (amx) return run_tiles(AmxTiles{});
@@ -717,10 +723,10 @@ void attention_kernel(const at::Tensor& q, const at::Tensor& k_cache, const at::
 #endif
     std::vector<float> qf(TILE * group * d), acc(TILE * group * d), kblock(BLOCK * d), vblock(BLOCK * d),
         scores(group * BLOCK), m(TILE * group), l(TILE * group);
-    for_each_item(begin, end, [&](const Item& it) {
+    run(item_runner([&](const Item& it) {
       attend_item<T>(it, qp, kp, vp, table + rows[it.b] * ctx, pre[it.b], key_begin[it.b], q_start[it.b], heads,
                      group, d, slots, static_cast<float>(scaling), st, op, qf, acc, kblock, vblock, scores, m, l);
-    });
+    }));
   });
 }
 

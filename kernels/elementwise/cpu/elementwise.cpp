@@ -13,6 +13,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include "../../gemm/cpu/work_stealing.h"
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 #include <torch/library.h>
@@ -52,7 +53,7 @@ void add_rms_norm_impl(at::Tensor& h, const at::Tensor& delta, const at::Tensor&
   const T* wp = w.data_ptr<T>();
   T* op = out.data_ptr<T>();
   const int64_t hs = h.stride(0), ds = delta.defined() ? delta.stride(0) : 0;
-  at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+  radixlm_parallel::parallel_for_steal(0, rows, 16, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       T* x = hp + r * hs;
       if (dp != nullptr) {
@@ -181,7 +182,7 @@ void rope_impl(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin
   const T* sp = sin.data_ptr<T>();
   T* op = out.data_ptr<T>();
   const int64_t s0 = x.stride(0), s1 = x.stride(1);
-  at::parallel_for(0, tokens, 16, [&](int64_t begin, int64_t end) {
+  radixlm_parallel::parallel_for_steal(0, tokens, 16, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       for (int64_t h = 0; h < heads; ++h) {
         rope_row<T>(xp + t * s0 + h * s1, cp + t * d, sp + t * d, op + (t * heads + h) * d, d);
@@ -217,7 +218,7 @@ void silu_and_mul_impl(const at::Tensor& x, at::Tensor& out) {
   const T* xp = x.data_ptr<T>();
   T* op = out.data_ptr<T>();
   const int64_t xs = x.stride(0);
-  at::parallel_for(0, rows, 8, [&](int64_t begin, int64_t end) {
+  radixlm_parallel::parallel_for_steal(0, rows, 8, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const T* g = xp + r * xs;
       const T* u = g + n;

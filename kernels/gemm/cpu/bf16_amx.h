@@ -22,6 +22,7 @@
 // row tile (the weight is read once; the step is memory-bound). More rows: panels in pairs across threads;
 // per thread its pairs in chunks of ~kAmxChunkBytes of weight (in L2), and per chunk every 32-row block
 // of x over every pair (the chunk is read from L2 once per row block, the row block's A tiles from L1).
+// A thread that finishes its share first takes the others' last units (work_stealing.h).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -34,6 +35,7 @@
 #include "amx_tiles.h"
 #include "bf16_dot.h"
 #include "bf16_packed_avx512.h"
+#include "work_stealing.h"
 
 #define RADIXLM_AMX_TARGET __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
 
@@ -179,36 +181,53 @@ RADIXLM_AMX_TARGET inline void amx_panels_one_tile(const at::BFloat16* x, int64_
 }
 
 // y (M, N) = x (M, K; row stride ldx, K % 32 == 0) W^T (+ bias) for W packed as (N / 16, K, 16) pair panels.
+// Each thread starts on its own panels (as at::parallel_for would split them) and, when done, steals
+// units from the back of the others' (work_stealing.h); a unit's outputs are the same whoever runs it.
 inline void linear_pairs_bf16_amx(const at::BFloat16* x, int64_t ldx, int64_t M, const at::BFloat16* w, int64_t N,
                                   int64_t K, const at::BFloat16* bias, at::BFloat16* y) {
   const int64_t panels = N / 16, ps = K * 16;
-  if (M <= 16) {
-    at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
+  if (M <= 16) {  // units: 4 panels (one amx_row_tile<4> pass over the weight)
+    const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), (panels + 3) / 4));
+    const int64_t per = (panels + nt - 1) / nt;
+    auto first = [&](int64_t t) { return std::min(panels, t * per); };
+    auto units = [&](int64_t t) { return (std::min(panels, first(t) + per) - first(t) + 3) / 4; };
+    radixlm_parallel::parallel_steal(nt, units, [&](int64_t, int64_t, auto&& run) {
       alignas(64) float c[16 * 64];
-      amx_panels_one_tile(x, ldx, M, w, ps, K, p0, p1, N, bias, y, c);
+      run([&](int64_t t, int64_t u) {
+        const int64_t p0 = first(t) + 4 * u, p1 = std::min({p0 + 4, first(t) + per, panels});
+        amx_panels_one_tile(x, ldx, M, w, ps, K, p0, p1, N, bias, y, c);
+      });
     });
     return;
   }
+  // Units: (chunk of ~kAmxChunkBytes of weight, 32-row block), chunk-major so that a thread's chunk
+  // stays in its L2 over the row blocks; a row block of up to 16 rows (the last) takes one row tile.
   const int64_t pairs = (panels + 1) / 2;
   const int64_t chunk = std::max<int64_t>(1, kAmxChunkBytes / (K * 64));  // panel pairs per chunk
-  at::parallel_for(0, pairs, 1, [&](int64_t g0, int64_t g1) {
+  const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), pairs));
+  const int64_t per = (pairs + nt - 1) / nt, blocks = (M + 31) / 32;
+  auto first = [&](int64_t t) { return std::min(pairs, t * per); };
+  auto units = [&](int64_t t) { return (std::min(pairs, first(t) + per) - first(t) + chunk - 1) / chunk * blocks; };
+  radixlm_parallel::parallel_steal(nt, units, [&](int64_t, int64_t, auto&& run) {
     alignas(64) float c[32 * 64];
-    for (int64_t c0 = g0; c0 < g1; c0 += chunk) {
+    run([&](int64_t t, int64_t u) {
+      const int64_t g1 = std::min(pairs, first(t) + per), c0 = first(t) + (u / blocks) * chunk;
       const int64_t q0 = 2 * c0, q1 = std::min(panels, 2 * std::min(g1, c0 + chunk));  // panels of the chunk
-      int64_t m = 0;
-      for (; m + 16 < M; m += 32) {  // 17-32 rows: two row tiles
-        const int64_t r1 = std::min<int64_t>(16, M - m - 16);
-        amx_gemm_configure(16, r1);
-        const at::BFloat16* xm = x + m * ldx;
-        for (int64_t p = q0; p < q1; p += 2) {
-          const int64_t np = std::min<int64_t>(2, q1 - p);
-          if (np == 2) amx_two_row_tiles<2>(xm, ldx, w + p * ps, ps, K, c);
-          else amx_two_row_tiles<1>(xm, ldx, w + p * ps, ps, K, c);
-          amx_store_rows(c, 16 + r1, np, y + m * N + p * 16, N, bias != nullptr ? bias + p * 16 : nullptr);
-        }
+      const int64_t m = (u % blocks) * 32;
+      if (M - m <= 16) {
+        amx_panels_one_tile(x + m * ldx, ldx, M - m, w, ps, K, q0, q1, N, bias, y + m * N, c);
+        return;
       }
-      if (m < M) amx_panels_one_tile(x + m * ldx, ldx, M - m, w, ps, K, q0, q1, N, bias, y + m * N, c);
-    }
+      const int64_t r1 = std::min<int64_t>(16, M - m - 16);  // 17-32 rows: two row tiles
+      amx_gemm_configure(16, r1);
+      const at::BFloat16* xm = x + m * ldx;
+      for (int64_t p = q0; p < q1; p += 2) {
+        const int64_t np = std::min<int64_t>(2, q1 - p);
+        if (np == 2) amx_two_row_tiles<2>(xm, ldx, w + p * ps, ps, K, c);
+        else amx_two_row_tiles<1>(xm, ldx, w + p * ps, ps, K, c);
+        amx_store_rows(c, 16 + r1, np, y + m * N + p * 16, N, bias != nullptr ? bias + p * 16 : nullptr);
+      }
+    });
   });
 }
 
