@@ -37,17 +37,19 @@ def same_bits_across_threads(fn) -> None:
         torch.set_num_threads(before)
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("dtype,k", [(torch.bfloat16, 576), (torch.bfloat16, 560), (torch.float32, 576)])
 @pytest.mark.parametrize("rows", [1, 16, 45, 300])
-def test_linear_rows_are_the_same_whoever_computes_them(dtype, rows):
+def test_linear_rows_are_the_same_whoever_computes_them(dtype, k, rows):
+    """bf16 K = 576: the AMX tiles where the CPU has them; K = 560 (not whole 32-k tiles): the
+    vdpbf16ps pair panels (or the fp32-widening path without AVX512-BF16); fp32: the packed tiles."""
     from radixlm.kernels.gemm.cpu import CpuGemm
 
     gemm = CpuGemm()
     g = torch.Generator().manual_seed(rows)
-    w = (torch.randn(960, 576, generator=g) * 0.05).to(dtype)
+    w = (torch.randn(960, k, generator=g) * 0.05).to(dtype)
     b = torch.randn(960, generator=g).to(dtype)
     packed = gemm.prepare(w)
-    x = torch.randn(rows, 576, generator=g).to(dtype)
+    x = torch.randn(rows, k, generator=g).to(dtype)
     # a unit nobody computed would leave whatever memory the op's output was given: not the 1-thread bits
     same_bits_across_threads(lambda: gemm.linear(x, packed, b))
 

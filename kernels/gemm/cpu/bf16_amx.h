@@ -187,15 +187,12 @@ inline void linear_pairs_bf16_amx(const at::BFloat16* x, int64_t ldx, int64_t M,
                                   int64_t K, const at::BFloat16* bias, at::BFloat16* y) {
   const int64_t panels = N / 16, ps = K * 16;
   if (M <= 16) {  // units: 4 panels (one amx_row_tile<4> pass over the weight)
-    const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), (panels + 3) / 4));
-    const int64_t per = (panels + nt - 1) / nt;
-    auto first = [&](int64_t t) { return std::min(panels, t * per); };
-    auto units = [&](int64_t t) { return (std::min(panels, first(t) + per) - first(t) + 3) / 4; };
-    radixlm_parallel::parallel_steal(nt, units, [&](int64_t, int64_t, auto&& run) {
+    const radixlm_parallel::Shares s((panels + 3) / 4);
+    radixlm_parallel::parallel_steal(s.threads, [&](int64_t t) { return s.count(t); }, [&](int64_t, int64_t, auto&& run) {
       alignas(64) float c[16 * 64];
       run([&](int64_t t, int64_t u) {
-        const int64_t p0 = first(t) + 4 * u, p1 = std::min({p0 + 4, first(t) + per, panels});
-        amx_panels_one_tile(x, ldx, M, w, ps, K, p0, p1, N, bias, y, c);
+        const int64_t p0 = 4 * (s.begin(t) + u);
+        amx_panels_one_tile(x, ldx, M, w, ps, K, p0, std::min(p0 + 4, panels), N, bias, y, c);
       });
     });
     return;
@@ -204,15 +201,14 @@ inline void linear_pairs_bf16_amx(const at::BFloat16* x, int64_t ldx, int64_t M,
   // stays in its L2 over the row blocks; a row block of up to 16 rows (the last) takes one row tile.
   const int64_t pairs = (panels + 1) / 2;
   const int64_t chunk = std::max<int64_t>(1, kAmxChunkBytes / (K * 64));  // panel pairs per chunk
-  const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), pairs));
-  const int64_t per = (pairs + nt - 1) / nt, blocks = (M + 31) / 32;
-  auto first = [&](int64_t t) { return std::min(pairs, t * per); };
-  auto units = [&](int64_t t) { return (std::min(pairs, first(t) + per) - first(t) + chunk - 1) / chunk * blocks; };
-  radixlm_parallel::parallel_steal(nt, units, [&](int64_t, int64_t, auto&& run) {
+  const int64_t blocks = (M + 31) / 32;
+  const radixlm_parallel::Shares s(pairs);
+  auto units = [&](int64_t t) { return (s.count(t) + chunk - 1) / chunk * blocks; };
+  radixlm_parallel::parallel_steal(s.threads, units, [&](int64_t, int64_t, auto&& run) {
     alignas(64) float c[32 * 64];
     run([&](int64_t t, int64_t u) {
-      const int64_t g1 = std::min(pairs, first(t) + per), c0 = first(t) + (u / blocks) * chunk;
-      const int64_t q0 = 2 * c0, q1 = std::min(panels, 2 * std::min(g1, c0 + chunk));  // panels of the chunk
+      const int64_t c0 = s.begin(t) + (u / blocks) * chunk;
+      const int64_t q0 = 2 * c0, q1 = std::min(panels, 2 * std::min(s.end(t), c0 + chunk));  // panels of the chunk
       const int64_t m = (u % blocks) * 32;
       if (M - m <= 16) {
         amx_panels_one_tile(x + m * ldx, ldx, M - m, w, ps, K, q0, q1, N, bias, y + m * N, c);

@@ -150,27 +150,31 @@ inline void linear_pairs_bf16_avx512(const at::BFloat16* x, int64_t ldx, int64_t
   if (M < kPairStreamRows) {
     // Few rows: the weight streams from memory at most once whatever the tiles, so each thread reads
     // its panels front to back (one sequential stream: P = 1, no k blocks, no software prefetch).
-    at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
+    const radixlm_parallel::Shares s(panels);
+    radixlm_parallel::parallel_steal(s.threads, [&](int64_t t) { return s.count(t); }, [&](int64_t, int64_t, auto&& run) {
       with_rows<kPairStreamRows - 1>(M, [&](auto r) {
-        for (int64_t p = p0; p < p1; ++p)
+        run([&](int64_t t, int64_t u) {
+          const int64_t p = s.begin(t) + u;
           pair_tile<decltype(r)::value, 1, false>(x, ldx, w + p * ps, ps, K / 2, true, nullptr, 0, y + p * 16, N,
                                                   bias != nullptr ? bias + p * 16 : nullptr, nullptr, 0);
+        });
       });
     });
     return;
   }
   const bool k_blocks = K / 2 > kPairKBlock;  // partial sums wait in a scratch between k blocks
+  const radixlm_parallel::Shares s(groups);
   for (int64_t m0 = 0; m0 < M; m0 += row_block) {
     const int64_t m1 = std::min(M, m0 + row_block);
-    at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
+    radixlm_parallel::parallel_steal(s.threads, [&](int64_t t) { return s.count(t); }, [&](int64_t, int64_t, auto&& run) {
       std::unique_ptr<float[]> part(k_blocks ? new float[(m1 - m0) * 16 * kPairPanels] : nullptr);
-      for (int64_t g = g0; g < g1; ++g) {
-        const int64_t p = g * kPairPanels, np = std::min<int64_t>(kPairPanels, panels - p);
-        const bool more = g + 1 < g1;
+      run([&](int64_t t, int64_t u) {
+        const int64_t g = s.begin(t) + u, p = g * kPairPanels, np = std::min<int64_t>(kPairPanels, panels - p);
+        const bool more = g + 1 < s.end(t);  // the owner's next group (a thief's prefetch is only wasted)
         pair_group(x, ldx, m0, m1, K, w + p * ps, ps, np, part.get(), y + m0 * N + p * 16, N,
                    bias != nullptr ? bias + p * 16 : nullptr, more ? w + (p + np) * ps : nullptr,
                    more ? std::min<int64_t>(kPairPanels, panels - p - np) : 0);
-      }
+      });
     });
   }
 }

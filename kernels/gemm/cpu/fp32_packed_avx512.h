@@ -128,17 +128,18 @@ inline void linear_packed_fp32_avx512(const float* x, int64_t ldx, int64_t M, co
   const int64_t groups = (panels + kPackedPanels - 1) / kPackedPanels;
   const int64_t row_block = packed_row_block(K);
   const auto xp = scratch(std::min(M, row_block) * K);
+  const radixlm_parallel::Shares s(groups);
   for (int64_t m0 = 0; m0 < M; m0 += row_block) {
     const int64_t m1 = std::min(M, m0 + row_block);
     pack_block(x, ldx, m0, m1, K, xp.get());
-    at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
-      for (int64_t g = g0; g < g1; ++g) {
-        const int64_t p = g * kPackedPanels, np = std::min<int64_t>(kPackedPanels, panels - p);
-        const bool more = g + 1 < g1;
+    radixlm_parallel::parallel_steal(s.threads, [&](int64_t t) { return s.count(t); }, [&](int64_t, int64_t, auto&& run) {
+      run([&](int64_t t, int64_t u) {
+        const int64_t g = s.begin(t) + u, p = g * kPackedPanels, np = std::min<int64_t>(kPackedPanels, panels - p);
+        const bool more = g + 1 < s.end(t);  // the owner's next group (a thief's prefetch is only wasted)
         packed_group(xp.get(), m0, m1, K, w + p * ps, ps, np, y + m0 * N + p * 16, N,
                      bias != nullptr ? bias + p * 16 : nullptr, more ? w + (p + np) * ps : nullptr,
                      more ? std::min<int64_t>(kPackedPanels, panels - p - np) : 0);
-      }
+      });
     });
   }
 }

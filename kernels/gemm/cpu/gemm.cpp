@@ -26,7 +26,7 @@
 // tile on an Ice Lake Xeon, where that tile is load-bound).
 //
 // Work split: rows in blocks of up to 96 (a block of x stays in L2 while every panel streams past
-// it once), panels across threads (at::parallel_for). Without AVX2 the same chains run as scalar
+// it once), panels across threads (work_stealing.h). Without AVX2 the same chains run as scalar
 // std::fma loops (identical results).
 
 #include <ATen/ATen.h>
@@ -63,7 +63,7 @@ void linear_impl(const at::Tensor& xc, const at::Tensor& w, const T* bp, at::Ten
 #endif
   for (int64_t m0 = 0; m0 < M; m0 += kRowBlock) {
     const int64_t m1 = std::min(M, m0 + kRowBlock);
-    at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
+    radixlm_parallel::parallel_for_steal(0, panels, 1, [&](int64_t p0, int64_t p1) {
       for (int64_t p = p0; p < p1; ++p) {
         const T* b = bp != nullptr ? bp + p * pw : nullptr;
         panel_rows<T>(xp, ldx, m0, m1, wp + p * K * pw, pw, K, yp + p * pw, N, b);

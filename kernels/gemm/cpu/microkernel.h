@@ -18,6 +18,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "work_stealing.h"
+
 #if defined(CPU_CAPABILITY_AVX2) || defined(CPU_CAPABILITY_AVX512)
 #include <immintrin.h>
 #define RADIXLM_GEMM_AVX2 1
@@ -165,15 +167,15 @@ inline void near_equal_tiles(int64_t m0, int64_t m1, F&& f) {
   }
 }
 
-// The tiles near_equal_tiles<MaxR> makes of rows [m0, m1), spread over threads (at::parallel_for,
-// `grain` tiles at least per thread): for work per tile that writes only its own tile's output,
+// The tiles near_equal_tiles<MaxR> makes of rows [m0, m1), spread over threads (units of `grain`
+// tiles, work_stealing.h): for work per tile that writes only its own tile's output,
 // e.g. packing a block of x (a prefill's is ~1 MB: one thread packing it left the other idle).
 template <int MaxR, typename F>
 inline void parallel_near_equal_tiles(int64_t m0, int64_t m1, int64_t grain, F&& f) {
   const int64_t rows = m1 - m0, tiles = (rows + MaxR - 1) / MaxR;
   if (tiles == 0) return;
   const int64_t base = rows / tiles, extra = rows % tiles;
-  at::parallel_for(0, tiles, grain, [&](int64_t t0, int64_t t1) {
+  radixlm_parallel::parallel_for_steal(0, tiles, grain, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t m = m0 + t * base + std::min(t, extra);
       with_rows<MaxR>(base + (t < extra ? 1 : 0), [&](auto r) { f(r, m); });

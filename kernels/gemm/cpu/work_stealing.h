@@ -59,6 +59,18 @@ class StealQueues {
   std::unique_ptr<Slot[]> q_;
 };
 
+// at::parallel_for's static split of n units over the pool's threads (at most n threads): thread t's
+// share is units [begin(t), end(t)).
+struct Shares {
+  int64_t n, threads, per;
+  explicit Shares(int64_t units)
+      : n(units), threads(std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), units))),
+        per((units + threads - 1) / threads) {}
+  int64_t begin(int64_t t) const { return std::min(n, t * per); }
+  int64_t end(int64_t t) const { return std::min(n, (t + 1) * per); }
+  int64_t count(int64_t t) const { return end(t) - begin(t); }
+};
+
 // Runs fn(owner, unit) for every unit of `queues.size()` queues (queue t: units [0, counts(t)) of
 // owner t's list), one queue per thread of torch's pool (at::parallel_for over the queues): a thread
 // drains its own queue front to back, then steals from the back of the others. `body(begin, end, run)`
@@ -89,20 +101,17 @@ void parallel_for_steal(int64_t begin, int64_t end, int64_t grain, const F& f) {
   const int64_t n = end - begin;
   if (n <= 0) return;
   grain = std::max<int64_t>(1, grain);
-  const int64_t units = (n + grain - 1) / grain;
-  const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), units));
-  if (nt == 1 || at::in_parallel_region()) {
+  const Shares s((n + grain - 1) / grain);
+  if (s.threads == 1 || at::in_parallel_region()) {
     f(begin, end);
     return;
   }
-  const int64_t per = (units + nt - 1) / nt;
-  parallel_steal(nt, [&](int64_t t) { return std::max<int64_t>(0, std::min(units, (t + 1) * per) - t * per); },
-                 [&](int64_t, int64_t, auto&& run) {
-                   run([&](int64_t t, int64_t u) {
-                     const int64_t b = begin + (t * per + u) * grain;
-                     f(b, std::min(end, b + grain));
-                   });
-                 });
+  parallel_steal(s.threads, [&](int64_t t) { return s.count(t); }, [&](int64_t, int64_t, auto&& run) {
+    run([&](int64_t t, int64_t u) {
+      const int64_t b = begin + (s.begin(t) + u) * grain;
+      f(b, std::min(end, b + grain));
+    });
+  });
 }
 
 }  // namespace radixlm_parallel
