@@ -106,8 +106,9 @@ class ServerArgs:
     enable_deterministic_inference: bool = field(default=False, metadata={"help": (
         "batch-invariant kernels (SGLang's flag): a request's logits are bitwise the same whatever batch, "
         "chunking or cache hit it runs with. CPU only: attention, GEMM and elementwise ops all run radixlm's "
-        "C++ kernels (what auto already picks for fp32, and for bf16 on CPUs with AVX512-BF16 but no AMX; "
-        "bf16 on AMX otherwise uses oneDNN's faster GEMMs, whose blocking depends on the batch)")})
+        "C++ kernels (what auto already picks for fp32, and for bf16 on CPUs with AVX512-BF16, AMX included); "
+        "the flag refuses other choices (--gemm-backend onednn, whose blocking depends on the batch) and loads "
+        "a GGUF's kept blocks dequantized")})
     enable_hierarchical_cache: bool = field(default=False, metadata={"help": (
         "keep pages evicted from the KV pool in a host pool (and, with --hicache-storage-backend, in files) and "
         "load them back on a prefix match")})
