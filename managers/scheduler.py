@@ -18,6 +18,7 @@ from typing import Any, Callable, Optional
 from radixlm.constrained import GrammarBackend, GrammarCache, GrammarError, GrammarSpec
 from radixlm.managers.io_struct import (AbortReq, BatchTokenOut, FinishReason, FlushCacheOut, FlushCacheReq,
                                         GetInternalStateReq, InternalState, Message, TokenizedGenerateReq)
+from radixlm.managers.batch_log import BatchLog
 from radixlm.managers.hicache_controller import HiCacheController
 from radixlm.managers.kv_manager import KVManager
 from radixlm.managers.output_builder import build_batch_output
@@ -90,6 +91,8 @@ class Scheduler:
         self.stats = {"retractions": 0, "prompt_tokens": 0, "generation_tokens": 0, "cached_tokens": 0}
         # Seconds spent in whole steps and in the model forward + sampling (the rest is overhead).
         self.timing = {"steps": 0, "step_s": 0.0, "forward_s": 0.0}
+        self.batch_log = BatchLog(server_args.decode_log_interval, self.kv.total_tokens)
+        self._extend_hits = 0  # radix-cache tokens of the requests the last extend batch started
 
     # ---- the loop ---------------------------------------------------------------------------
     def step(self) -> bool:
@@ -112,6 +115,7 @@ class Scheduler:
             self.kv.check_idle()
             return False
         reqs, mwb = batch
+        running_before, outputs_before = len(self.running), sum(len(r.output_ids) for r in reqs)
         if mwb.forward_mode is ForwardMode.TARGET_VERIFY:
             assert self.spec is not None
             t1 = time.perf_counter()
@@ -125,10 +129,20 @@ class Scheduler:
             t2 = time.perf_counter()
             finished = self.results.process(reqs, mwb, out)
         self._after_batch(reqs, mwb.forward_mode, finished)
+        self._log_batch(reqs, mwb, running_before, outputs_before)
         self.timing["steps"] += 1
         self.timing["forward_s"] += t2 - t1
         self.timing["step_s"] += time.perf_counter() - t0
         return True
+
+    def _log_batch(self, reqs: list[Req], mwb: ModelWorkerBatch, running_before: int, outputs_before: int) -> None:
+        log, kv = self.batch_log, self.kv
+        log.generated_tokens(sum(len(r.output_ids) for r in reqs) - outputs_before)
+        used = kv.total_tokens - kv.available_tokens()
+        if mwb.forward_mode is ForwardMode.EXTEND:
+            log.extend(len(reqs), len(mwb.input_ids), self._extend_hits, used, running_before, len(self.waiting))
+        else:
+            log.decode(len(self.running), used, len(self.waiting))
 
     def _abort_unschedulable(self) -> None:
         """Nothing runs, yet the head request cannot be admitted: even an empty pool cannot hold it.
@@ -295,6 +309,7 @@ class Scheduler:
         adder = PrefillAdder(self.kv, self.new_token_ratio, args.max_prefill_tokens, chunk)
         adder.reserve_running(self.running)
         candidates = ([self.chunked_req] if self.chunked_req else []) + order_waiting(self.waiting, args.schedule_policy, self.kv)
+        self._extend_hits = 0
         if self.hicache is not None:  # requests whose prefix is still being read from storage wait
             self.prefetch_held = self.hicache.held([r for r in candidates if r.req_pool_idx is None])
         for req in candidates:
@@ -316,6 +331,8 @@ class Scheduler:
             if fresh and req.num_retractions == 0:
                 req.cached_tokens = req.num_cached  # retracted requests stop counting (SGLang)
                 req.cached_tokens_details = req.match_tiers
+            if fresh:
+                self._extend_hits += req.num_cached
             self.kv.alloc_tokens(req, size)
             adder.add(req, size)
         if not adder.admitted:

@@ -149,6 +149,10 @@ class ServerArgs:
     grammar_compile_timeout: float = field(default=30.0, metadata={"help": "seconds a grammar may take to compile before its request ends with an error"})
     request_timeout: Optional[float] = field(default=None, metadata={"help": "seconds any request may take (from its arrival) before it is aborted, keeping its partial output; a request's own 'timeout' field can only lower it (default: no limit)"})
     grammar_any_whitespace: bool = field(default=False, metadata={"help": "let JSON grammars emit any whitespace (default: compact separators, so output cannot run away in whitespace)"})
+    decode_log_interval: int = field(default=40, metadata={"help": (
+        "log a 'Decode batch.' line (running requests, KV tokens and usage, generation throughput since the last "
+        "line, queued requests) every N decode steps; every extend batch logs a 'Prefill batch.' line (SGLang's "
+        "flag and lines, at log level info)")})
     stream_interval: int = field(default=1, metadata={"help": "streamed requests get their new tokens every N decode steps (the first token at once): larger values cut the per-token work of the HTTP and detokenizer processes, smaller ones stream more smoothly; a request's sampling_params.stream_interval overrides it"})
     speculative_algorithm: Optional[str] = field(default=None, metadata={"help": (
         "speculative decoding: NGRAM drafts from the request's own prompt and output and from continuations in "
@@ -217,6 +221,8 @@ class ServerArgs:
             raise ServerArgsError(f"--context-length must be >= 2, got {self.context_length}")
         if self.stream_interval < 1:
             raise ServerArgsError("--stream-interval must be >= 1")
+        if self.decode_log_interval < 1:
+            raise ServerArgsError("--decode-log-interval must be >= 1")
         if self.grammar_compile_timeout <= 0:
             raise ServerArgsError("--grammar-compile-timeout must be > 0")
         if self.speculative_algorithm is not None and self.speculative_algorithm.upper() not in SPECULATIVE_ALGORITHMS:
