@@ -51,10 +51,9 @@ class BatchLog:
     def extend(self, new_seqs: int, new_tokens: int, cached_tokens: int, used_tokens: int, running: int,
                queued: int) -> None:
         """One extend batch ran (counts as described in the module docstring)."""
-        if logger.isEnabledFor(logging.INFO):
-            logger.info("Prefill batch. #new-seq: %d, #new-token: %d, #cached-token: %d, token usage: %.2f, "
-                        "#running-req: %d, #queue-req: %d", new_seqs, new_tokens, cached_tokens,
-                        used_tokens / self.total_tokens, running, queued)
+        logger.info("Prefill batch. #new-seq: %d, #new-token: %d, #cached-token: %d, token usage: %.2f, "
+                    "#running-req: %d, #queue-req: %d", new_seqs, new_tokens, cached_tokens,
+                    used_tokens / self.total_tokens, running, queued)
 
     def generated_tokens(self, n: int) -> None:
         """n tokens were appended to requests' outputs (by any step: extend, decode or verify)."""

@@ -664,7 +664,7 @@ void attention_kernel(const at::Tensor& q, const at::Tensor& k_cache, const at::
       }
     }
     // Cascade items round-robin over the threads (they cost about the same), stolen when a thread is late.
-    const int64_t ct = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), shared.size()));
+    const int64_t ct = radixlm_parallel::Shares(shared.size()).threads;
     auto shared_item = [&](int64_t t, int64_t u) { return shared[u * ct + t]; };
     auto shared_count = [&](int64_t t) { return (static_cast<int64_t>(shared.size()) - t + ct - 1) / ct; };
     radixlm_parallel::parallel_steal(ct, shared_count, [&](int64_t, int64_t, auto&& run) {
