@@ -75,3 +75,12 @@ def test_a_scheduler_reports_its_batches(stories_path, caplog):
                      r"gen throughput \(token/s\): ([\d.]+), #queue-req: 0", decode[0])
     assert m and float(m.group(2)) > 0, decode
     assert int(m.group(1)) >= 40 + 3 + 30 + 2 * 2  # the prompts' slots plus what decoding added
+
+
+def test_the_flag_refuses_a_non_positive_interval():
+    from radixlm.srt.server_args import ServerArgs, ServerArgsError
+
+    assert ServerArgs.from_kwargs().decode_log_interval == 40  # SGLang's default
+    for bad in (0, -3):
+        with pytest.raises(ServerArgsError, match=r"^--decode-log-interval must be >= 1$"):
+            ServerArgs.from_kwargs(decode_log_interval=bad)
