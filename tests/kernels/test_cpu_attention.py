@@ -159,13 +159,15 @@ def test_bad_indices_raise_instead_of_reading_out_of_bounds():
 
 def _cascade_setup(page_size, dtype=torch.float32):
     """Three groups of requests on cached prefixes of 300, 256 and 130 tokens, two loners, extended
-    then decoded; returns (setup, reqs, extend batch)."""
+    then decoded; returns (setup, reqs, extend batch). The first group extends by 150-297 query rows,
+    more than one cascade work item holds (SHARED_TILE = 128 rows in cpu/paged_attention.cpp)."""
     rng = random.Random(page_size)
     setup = setup_for(page_size, 3, 64, dtype=dtype)
     prefixes = [[rng.randrange(3, 500) for _ in range(n)] for n in (300, 256, 130)]
     for p in prefixes:
         cache_prompt(setup, p)
-    prompts = [p + [rng.randrange(3, 500) for _ in range(rng.randrange(1, 40))] for p in prefixes for _ in range(3)]
+    prompts = [p + [rng.randrange(3, 500) for _ in range(rng.randrange(50, 100) if g == 0 else rng.randrange(1, 40))]
+               for g, p in enumerate(prefixes) for _ in range(3)]
     prompts += [[rng.randrange(3, 500) for _ in range(200)], [5, 6, 7]]
     reqs, batch = schedule_extend(setup, prompts)
     return setup, reqs, batch

@@ -40,6 +40,7 @@
 
 #include <algorithm>
 #include <array>
+#include <memory>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -51,7 +52,7 @@ namespace {
 using Vec = at::vec::Vectorized<float>;
 constexpr int64_t BLOCK = 128;   // keys per softmax block
 constexpr int64_t TILE = 16;     // query rows of one request per work item (they share K/V loads)
-constexpr int64_t SHARED_TILE = 32;  // query rows (any requests of a group) per cascade work item
+constexpr int64_t SHARED_TILE = 128;  // query rows (any requests of a group) per cascade work item
 
 // Row of D elements as fp32: fp32 rows are used in place, others converted into `buf`.
 template <typename T>
@@ -672,7 +673,7 @@ void attention_kernel(const at::Tensor& q, const at::Tensor& k_cache, const at::
       if constexpr (std::is_same_v<T, at::BFloat16>) {
         auto run_tiles = [&](auto engine) {
           using Tiles = decltype(engine);
-          TileScratch sc(SHARED_TILE * group, d, Tiles::kRowMultiple);
+          TileScratch& sc = tile_scratch(SHARED_TILE * group, d, Tiles::kRowMultiple);
           run([&](int64_t t, int64_t u) {
             const auto& [g, r0, n, h] = shared_item(t, u);
             attend_shared_tiles<Tiles>(qrows.data() + r0, n, h, qp, kp, vp, table + rows[rq[off[g]]] * ctx, glen[g],
@@ -710,7 +711,7 @@ void attention_kernel(const at::Tensor& q, const at::Tensor& k_cache, const at::
     if constexpr (std::is_same_v<T, at::BFloat16>) {
       auto run_tiles = [&](auto engine) {
         using Tiles = decltype(engine);
-        TileScratch sc(TILE * group, d, Tiles::kRowMultiple);
+        TileScratch& sc = tile_scratch(TILE * group, d, Tiles::kRowMultiple);
         run(item_runner([&](const Item& it) {
           attend_item_tiles<Tiles>(it, qp, kp, vp, table + rows[it.b] * ctx, pre[it.b], key_begin[it.b], q_start[it.b],
                                    heads, group, d, slots, static_cast<float>(scaling), st, op, sc);

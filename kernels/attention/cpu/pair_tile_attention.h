@@ -30,6 +30,18 @@ struct TileScratch {
         s(mpad * BLOCK), acc(mpad * d), m(mpad), l(mpad), kp(d / 2 * BLOCK), vp(BLOCK / 2 * d) {}
 };
 
+// This thread's TileScratch for at least `vectors` query vectors of head_dim d, kept between calls (an
+// OpenMP thread lives as long as the pool): a fresh one per call zeroed up to ~0.5 MB per thread per
+// layer. Nothing is read before this call writes it, except pad query rows, whose results no row reads.
+inline TileScratch& tile_scratch(int64_t vectors, int64_t d, int64_t row_multiple) {
+  static thread_local std::unique_ptr<TileScratch> sc;
+  const int64_t mpad = (vectors + row_multiple - 1) / row_multiple * row_multiple;
+  if (!sc || sc->mpad < mpad || static_cast<int64_t>(sc->acc.size()) != sc->mpad * d) {
+    sc = std::make_unique<TileScratch>(std::max(vectors, sc ? sc->mpad : int64_t{0}), d, row_multiple);
+  }
+  return *sc;
+}
+
 // V row j of a key block of n rows (vrows), a zero row past n (pad keys add exact zeros).
 inline const at::BFloat16* value_row(const at::BFloat16* const* vrows, int64_t n, int64_t j) {
   static thread_local at::BFloat16 zeros[256] = {};
