@@ -46,6 +46,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+import aiohttp
 import httpx
 import numpy as np
 
@@ -140,18 +141,18 @@ def _openai_payload(target: Target, req: BenchRequest, prompt: Any, args: argpar
     return body
 
 
-async def _sse(resp: httpx.Response):
+async def _sse(resp: aiohttp.ClientResponse):
     """Decoded ``data:`` payloads of an SSE response (``[DONE]`` ends it)."""
-    async for line in resp.aiter_lines():
-        if not line.startswith("data:"):
+    async for raw in resp.content:  # one line per iteration
+        if not raw.startswith(b"data:"):
             continue
-        data = line[5:].strip()
-        if data == "[DONE]":
+        data = raw[5:].strip()
+        if data == b"[DONE]":
             return
         yield json.loads(data)
 
 
-async def send_request(client: httpx.AsyncClient, target: Target, req: BenchRequest, prompt: Any,
+async def send_request(client: aiohttp.ClientSession, target: Target, req: BenchRequest, prompt: Any,
                        args: argparse.Namespace, tokenizer: Any) -> RequestOutput:
     """Send one streaming request; ``prompt`` is text (native / completions) or chat messages."""
     out = RequestOutput(prompt_len=req.prompt_len)
@@ -164,9 +165,9 @@ async def send_request(client: httpx.AsyncClient, target: Target, req: BenchRequ
     start = last = time.perf_counter()
     n_out, usage, timings = 0, None, None
     try:
-        async with client.stream("POST", target.url + path, json=body) as resp:
-            if resp.status_code != 200:
-                out.error = f"HTTP {resp.status_code}: {(await resp.aread())[:300]!r}"
+        async with client.post(target.url + path, json=body) as resp:
+            if resp.status != 200:
+                out.error = f"HTTP {resp.status}: {(await resp.read())[:300]!r}"
                 return out
             async for ev in _sse(resp):
                 if "error" in ev and ev["error"]:
@@ -199,7 +200,7 @@ async def send_request(client: httpx.AsyncClient, target: Target, req: BenchRequ
                         out.itl.append(now - last)
                     last = now
         out.latency = time.perf_counter() - start
-    except (httpx.HTTPError, json.JSONDecodeError) as e:
+    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:  # JSONDecodeError is a ValueError
         out.error = f"{type(e).__name__}: {e}"[:300]
         return out
     if not native:
@@ -333,12 +334,12 @@ def _prompt_for(target: Target, req: BenchRequest) -> Any:
     return msgs + [{"role": "user", "content": req.user or req.prompt}]
 
 
-async def _prepare(client: httpx.AsyncClient, target: Target, requests: list[BenchRequest], args, tokenizer) -> None:
+async def _prepare(client: aiohttp.ClientSession, target: Target, requests: list[BenchRequest], args, tokenizer) -> None:
     """Fill in the served model name (OpenAI), warm up with one short request, flush the prefix cache
     (``POST /flush_cache``, where the server has it) so hits come from the workload itself."""
     if target.backend not in NATIVE and not target.model:
-        r = await client.get(target.url + "/v1/models")
-        target.model = r.json()["data"][0]["id"]
+        async with client.get(target.url + "/v1/models") as r:
+            target.model = (await r.json())["data"][0]["id"]
     if not args.no_warmup:
         # Not a workload prompt: servers without a flush route (vLLM, llama-server) would otherwise
         # keep it cached and give the workload's first request a free hit.
@@ -347,7 +348,8 @@ async def _prepare(client: httpx.AsyncClient, target: Target, requests: list[Ben
         if not o.success:
             raise RuntimeError(f"{target.label}: warm-up request failed: {o.error}")
     if not args.no_flush_cache:  # radixlm / SGLang (either API); other servers answer 404: ignored
-        await client.post(target.url + "/flush_cache")
+        async with client.post(target.url + "/flush_cache"):
+            pass
 
 
 async def benchmark(target: Target, requests: list[BenchRequest], args, tokenizer) -> dict[str, Any]:
@@ -355,10 +357,14 @@ async def benchmark(target: Target, requests: list[BenchRequest], args, tokenize
     from tqdm.asyncio import tqdm
 
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     if any(r.tools is not None for r in requests) and target.backend != "openai-chat":
         raise RuntimeError("the tool-calls workload needs --backend openai-chat")
-    async with httpx.AsyncClient(timeout=httpx.Timeout(args.timeout), limits=limits, headers=headers) as client:
+    # aiohttp, as SGLang's bench_serving: per streamed chunk it costs the client a fraction of httpx's
+    # CPU time, which on a small box is taken from the server being measured. No connection limit;
+    # lines of up to 64 MiB (a native /generate event carries the whole text so far).
+    session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(sock_connect=args.timeout, sock_read=args.timeout), headers=headers,
+                                    connector=aiohttp.TCPConnector(limit=0), read_bufsize=1 << 26)
+    async with session as client:
         await _prepare(client, target, requests, args, tokenizer)
         limit = asyncio.Semaphore(args.max_concurrency or 10 ** 9)
         bar = tqdm(total=len(requests), desc=target.label, disable=args.disable_tqdm, leave=False)
@@ -534,7 +540,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--api-key", default=None)
-    ap.add_argument("--timeout", type=float, default=3600.0)
+    ap.add_argument("--timeout", type=float, default=3600.0,
+                    help="seconds a request may take to connect, or wait for its next bytes")
     ap.add_argument("--no-warmup", action="store_true")
     ap.add_argument("--no-flush-cache", action="store_true", help="skip POST /flush_cache after the warm-up")
     ap.add_argument("--disable-tqdm", action="store_true")
@@ -590,7 +597,7 @@ def _run_target(target: Target, requests: list[BenchRequest], args, tokenizer) -
         if target.backend == "hf-static":
             return run_hf_static(target, requests, args, tokenizer)
         return asyncio.run(benchmark(target, requests, args, tokenizer))
-    except (httpx.HTTPError, RuntimeError, KeyError, ValueError, OSError) as e:
+    except (httpx.HTTPError, aiohttp.ClientError, RuntimeError, KeyError, ValueError, OSError) as e:
         return {"label": target.label, "backend": target.backend, "base_url": target.url, "model": target.model,
                 "skipped": f"{type(e).__name__}: {e}"[:500], "metrics": {}, "errors": [], "requests": []}
 
