@@ -352,6 +352,16 @@ async def _prepare(client: aiohttp.ClientSession, target: Target, requests: list
             pass
 
 
+def client_session(timeout_s: float, headers: dict[str, str]) -> aiohttp.ClientSession:
+    """The HTTP client of a run: aiohttp, as SGLang's bench_serving (per streamed chunk it costs the client
+    a fraction of httpx's CPU time, which on a small box is taken from the server being measured); no
+    connection limit; SSE lines of up to 64 MiB (a native /generate event carries the whole text so
+    far); ``timeout_s`` to connect and between two reads. Call inside a running event loop."""
+    timeout = aiohttp.ClientTimeout(sock_connect=timeout_s, sock_read=timeout_s)
+    return aiohttp.ClientSession(timeout=timeout, headers=headers, connector=aiohttp.TCPConnector(limit=0),
+                                 read_bufsize=1 << 26)
+
+
 async def benchmark(target: Target, requests: list[BenchRequest], args, tokenizer) -> dict[str, Any]:
     """Run the whole workload against one target; returns its metrics and per-request records."""
     from tqdm.asyncio import tqdm
@@ -359,12 +369,7 @@ async def benchmark(target: Target, requests: list[BenchRequest], args, tokenize
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     if any(r.tools is not None for r in requests) and target.backend != "openai-chat":
         raise RuntimeError("the tool-calls workload needs --backend openai-chat")
-    # aiohttp, as SGLang's bench_serving: per streamed chunk it costs the client a fraction of httpx's
-    # CPU time, which on a small box is taken from the server being measured. No connection limit;
-    # lines of up to 64 MiB (a native /generate event carries the whole text so far).
-    session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(sock_connect=args.timeout, sock_read=args.timeout), headers=headers,
-                                    connector=aiohttp.TCPConnector(limit=0), read_bufsize=1 << 26)
-    async with session as client:
+    async with client_session(args.timeout, headers) as client:
         await _prepare(client, target, requests, args, tokenizer)
         limit = asyncio.Semaphore(args.max_concurrency or 10 ** 9)
         bar = tqdm(total=len(requests), desc=target.label, disable=args.disable_tqdm, leave=False)
