@@ -641,7 +641,7 @@ void attention_kernel(const at::Tensor& q, const at::Tensor& k_cache, const at::
   const T* kp = k_cache.data_ptr<T>();
   const T* vp = v_cache.data_ptr<T>();
   T* op = out.data_ptr<T>();
-  // Cascade pass: (group, KV head, up to SHARED_TILE of the group's query rows) items.
+  // Cascade pass: (group, KV head, up to `tile` <= SHARED_TILE of the group's query rows) items.
   const int64_t ngroups = cascade_lens.numel();
   at::Tensor state;
   RowState st{nullptr, nullptr, nullptr};
@@ -654,13 +654,21 @@ void attention_kernel(const at::Tensor& q, const at::Tensor& k_cache, const at::
     const int64_t* glen = cascade_lens.data_ptr<int64_t>();
     std::vector<int64_t> qrows;                     // flat query rows, group after group
     std::vector<std::array<int64_t, 4>> shared;     // (group, first row in qrows, rows, KV head)
+    std::vector<int64_t> group_rows(ngroups + 1, 0);  // group g's rows: qrows[group_rows[g], group_rows[g + 1])
     for (int64_t g = 0; g < ngroups; ++g) {
-      const int64_t first = qrows.size();
       for (int64_t i = off[g]; i < off[g + 1]; ++i) {
         for (int64_t r = 0; r < ext[rq[i]]; ++r) qrows.push_back(q_start[rq[i]] + r);
       }
-      for (int64_t r0 = first; r0 < static_cast<int64_t>(qrows.size()); r0 += SHARED_TILE) {
-        const int64_t n = std::min<int64_t>(SHARED_TILE, qrows.size() - r0);
+      group_rows[g + 1] = qrows.size();
+    }
+    // Rows per item: up to SHARED_TILE (each item re-lays a block's K / V once for all its rows), but no
+    // more than a quarter of one thread's share of all (row, KV head) pairs, so that one large group
+    // still makes enough items for the threads. Which rows share an item does not change any row's bits.
+    const int64_t share = static_cast<int64_t>(qrows.size()) * kvh / (4 * std::max(1, at::get_num_threads())) + 1;
+    const int64_t tile = std::clamp<int64_t>((share + 15) / 16 * 16, 16, SHARED_TILE);
+    for (int64_t g = 0; g < ngroups; ++g) {
+      for (int64_t r0 = group_rows[g]; r0 < group_rows[g + 1]; r0 += tile) {
+        const int64_t n = std::min<int64_t>(tile, group_rows[g + 1] - r0);
         for (int64_t h = 0; h < kvh; ++h) shared.push_back({g, r0, n, h});
       }
     }
@@ -673,7 +681,7 @@ void attention_kernel(const at::Tensor& q, const at::Tensor& k_cache, const at::
       if constexpr (std::is_same_v<T, at::BFloat16>) {
         auto run_tiles = [&](auto engine) {
           using Tiles = decltype(engine);
-          TileScratch& sc = tile_scratch(SHARED_TILE * group, d, Tiles::kRowMultiple);
+          TileScratch& sc = tile_scratch(tile * group, d, Tiles::kRowMultiple);
           run([&](int64_t t, int64_t u) {
             const auto& [g, r0, n, h] = shared_item(t, u);
             attend_shared_tiles<Tiles>(qrows.data() + r0, n, h, qp, kp, vp, table + rows[rq[off[g]]] * ctx, glen[g],
