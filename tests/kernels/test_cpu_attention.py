@@ -213,3 +213,24 @@ def test_cascade_groups_that_do_not_share_their_slots_are_refused():
     q, k, v = qkv(len(batch.input_ids), heads, kvh, d, seed=1)
     with pytest.raises(RuntimeError, match="longer than request|does not share"):
         backend.forward(q, k, v, 0, fb)
+
+
+def test_scratch_kept_between_calls_follows_head_dim_and_batch_size():
+    """The pair tile path keeps per-thread buffers between calls (sized by head_dim and query vectors):
+    calls alternating head_dim 64 / 128 / 32 and small / large batches in one process each match what a
+    fresh process computes (the float64 reference, bf16 tolerance) and give the same bits when repeated."""
+    first = {}
+    for d, n_prompts in [(64, 2), (128, 6), (32, 1), (64, 6), (128, 1), (64, 2)]:
+        heads, kvh = 4, 2
+        setup = setup_for(1, kvh, d, dtype=torch.bfloat16, seed=d)
+        rng = random.Random(d * 10 + n_prompts)
+        prompts = [[rng.randrange(3, 500) for _ in range(rng.randrange(20, 200))] for _ in range(n_prompts)]
+        reqs, batch = schedule_extend(setup, prompts)
+        q, k, v = qkv(len(batch.input_ids), heads, kvh, d, seed=n_prompts, dtype=torch.bfloat16)
+        out = forward(CpuAttnBackend(heads, kvh, d, d ** -0.5), setup, batch, q, k, v)
+        ref = reference(setup, batch, q.float(), heads=heads, kv_heads=kvh, d=d)
+        torch.testing.assert_close(out.double(), ref, atol=1e-2, rtol=1e-2)
+        key = (d, n_prompts)
+        if key in first:
+            assert torch.equal(out, first[key])
+        first[key] = out

@@ -20,13 +20,13 @@
 // Per-thread buffers of the pair tile path, sized for up to `vectors` query vectors (Q / P / S / acc
 // rows padded to a multiple of `row_multiple`: AMX tiles are 16 rows).
 struct TileScratch {
-  int64_t mpad = 0;
+  int64_t mpad = 0, d = 0;
   std::vector<at::BFloat16> q, p;  // (mpad, d) queries; (mpad, BLOCK) probabilities
   std::vector<float> s, acc, m, l; // (mpad, BLOCK) scores; (mpad, d) output accumulators; (mpad,) state
   std::vector<uint32_t> kp, vp;    // (d / 2, BLOCK) K pairs of dims; (BLOCK / 2, d) V pairs of keys
   std::vector<float> unused;       // load_block_pairs' fp32 V block (this path reads the pool's rows)
   TileScratch(int64_t vectors, int64_t d, int64_t row_multiple)
-      : mpad((vectors + row_multiple - 1) / row_multiple * row_multiple), q(mpad * d), p(mpad * BLOCK),
+      : mpad((vectors + row_multiple - 1) / row_multiple * row_multiple), d(d), q(mpad * d), p(mpad * BLOCK),
         s(mpad * BLOCK), acc(mpad * d), m(mpad), l(mpad), kp(d / 2 * BLOCK), vp(BLOCK / 2 * d) {}
 };
 
@@ -36,9 +36,7 @@ struct TileScratch {
 inline TileScratch& tile_scratch(int64_t vectors, int64_t d, int64_t row_multiple) {
   static thread_local std::unique_ptr<TileScratch> sc;
   const int64_t mpad = (vectors + row_multiple - 1) / row_multiple * row_multiple;
-  if (!sc || sc->mpad < mpad || static_cast<int64_t>(sc->acc.size()) != sc->mpad * d) {
-    sc = std::make_unique<TileScratch>(std::max(vectors, sc ? sc->mpad : int64_t{0}), d, row_multiple);
-  }
+  if (!sc || sc->d != d || sc->mpad < mpad) sc = std::make_unique<TileScratch>(vectors, d, row_multiple);
   return *sc;
 }
 
