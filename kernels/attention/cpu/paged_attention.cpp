@@ -40,10 +40,10 @@
 
 #include <algorithm>
 #include <array>
-#include <memory>
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <type_traits>
 #include <vector>
 
@@ -693,7 +693,7 @@ void attention_kernel(const at::Tensor& q, const at::Tensor& k_cache, const at::
         if (dp) return run_tiles(DpTiles{});
       }
 #endif
-      std::vector<float> qf(SHARED_TILE * group * d), kblock(BLOCK * d), vblock(BLOCK * d), scores(group * BLOCK);
+      std::vector<float> qf(tile * group * d), kblock(BLOCK * d), vblock(BLOCK * d), scores(group * BLOCK);
       run([&](int64_t t, int64_t u) {
         const auto& [g, r0, n, h] = shared_item(t, u);
         attend_shared<T>(qrows.data() + r0, n, h, qp, kp, vp, table + rows[rq[off[g]]] * ctx, glen[g], heads, group,
