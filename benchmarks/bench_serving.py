@@ -334,22 +334,49 @@ def _prompt_for(target: Target, req: BenchRequest) -> Any:
     return msgs + [{"role": "user", "content": req.user or req.prompt}]
 
 
-async def _prepare(client: aiohttp.ClientSession, target: Target, requests: list[BenchRequest], args, tokenizer) -> None:
-    """Fill in the served model name (OpenAI), warm up with one short request, flush the prefix cache
-    (``POST /flush_cache``, where the server has it) so hits come from the workload itself."""
+FLUSH_ROUTES = ("/flush_cache", "/reset_prefix_cache")  # radixlm / SGLang; vLLM (VLLM_SERVER_DEV_MODE=1)
+
+
+def _json_or_none(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+async def flush_prefix_cache(client: aiohttp.ClientSession, url: str, attempts: int = 20) -> Optional[str]:
+    """Empty the server's prefix cache: ``POST /flush_cache`` (radixlm, SGLang), else ``POST
+    /reset_prefix_cache`` (vLLM, served with ``VLLM_SERVER_DEV_MODE=1``; it answers ``{"success": false}``
+    while blocks are still held, so it is retried for up to ``attempts`` x 0.25 s). Returns the route
+    that emptied it, or None where neither exists or the reset kept failing (the run is then marked
+    ``cache_flush: null``: a repeated workload may find its prefixes already cached)."""
+    for route in FLUSH_ROUTES:
+        for _ in range(attempts):
+            async with client.post(url + route) as r:
+                if r.status in (404, 405):
+                    break
+                body = _json_or_none(await r.text()) if r.status == 200 else None
+            if r.status == 200 and (not isinstance(body, dict) or body.get("success", True) is not False):
+                return route
+            await asyncio.sleep(0.25)
+    return None
+
+
+async def _prepare(client: aiohttp.ClientSession, target: Target, requests: list[BenchRequest], args, tokenizer) -> Optional[str]:
+    """Fill in the served model name (OpenAI), warm up with one short request, empty the prefix cache
+    (flush_prefix_cache) so hits come from the workload itself; returns the flush route used (None:
+    not flushed)."""
     if target.backend not in NATIVE and not target.model:
         async with client.get(target.url + "/v1/models") as r:
             target.model = (await r.json())["data"][0]["id"]
     if not args.no_warmup:
-        # Not a workload prompt: servers without a flush route (vLLM, llama-server) would otherwise
-        # keep it cached and give the workload's first request a free hit.
+        # Not a workload prompt: a server that cannot be flushed (llama-server) would otherwise keep it
+        # cached and give the workload's first request a free hit.
         warm = BenchRequest(prompt=WARMUP_PROMPT, prompt_len=0, output_len=4, user=WARMUP_PROMPT)
         o = await send_request(client, target, warm, _prompt_for(target, warm), args, tokenizer)
         if not o.success:
             raise RuntimeError(f"{target.label}: warm-up request failed: {o.error}")
-    if not args.no_flush_cache:  # radixlm / SGLang (either API); other servers answer 404: ignored
-        async with client.post(target.url + "/flush_cache"):
-            pass
+    return None if args.no_flush_cache else await flush_prefix_cache(client, target.url)
 
 
 def client_session(timeout_s: float, headers: dict[str, str]) -> aiohttp.ClientSession:
@@ -370,7 +397,7 @@ async def benchmark(target: Target, requests: list[BenchRequest], args, tokenize
     if any(r.tools is not None for r in requests) and target.backend != "openai-chat":
         raise RuntimeError("the tool-calls workload needs --backend openai-chat")
     async with client_session(args.timeout, headers) as client:
-        await _prepare(client, target, requests, args, tokenizer)
+        flushed = await _prepare(client, target, requests, args, tokenizer)
         limit = asyncio.Semaphore(args.max_concurrency or 10 ** 9)
         bar = tqdm(total=len(requests), desc=target.label, disable=args.disable_tqdm, leave=False)
         convs: dict[int, list[BenchRequest]] = {}
@@ -401,6 +428,7 @@ async def benchmark(target: Target, requests: list[BenchRequest], args, tokenize
         metrics["tool_call_rate"] = sum(_valid_calls(o) for o in outputs if o.success) / max(1, len(outputs))
     errors = sorted({o.error for o in outputs if not o.success})
     return {"label": target.label, "backend": target.backend, "base_url": target.url, "model": target.model,
+            "cache_flush": flushed,
             **({"tool_choice": target.tool_choice} if args.dataset_name == "tool-calls" else {}),
             "metrics": metrics, "errors": errors[:10],
             "requests": [{"success": o.success, "prompt_len": o.prompt_len, "output_len": o.output_len,
@@ -548,7 +576,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--timeout", type=float, default=3600.0,
                     help="seconds a request may take to connect, or wait for its next bytes")
     ap.add_argument("--no-warmup", action="store_true")
-    ap.add_argument("--no-flush-cache", action="store_true", help="skip POST /flush_cache after the warm-up")
+    ap.add_argument("--no-flush-cache", action="store_true", help="do not empty the prefix cache after the warm-up (POST /flush_cache, or vLLM's /reset_prefix_cache)")
     ap.add_argument("--disable-tqdm", action="store_true")
     ap.add_argument("--json-schema-field", action="append",
                     help=f"one of {SCHEMA_FIELDS}; once, or once per --base-url. How json-schema requests carry "

@@ -63,9 +63,13 @@ def throughput_table(payload: dict) -> list[str]:
         m = t["metrics"]
         ratio = base["metrics"]["output_throughput"] / m["output_throughput"] if base and m["output_throughput"] else None
         failed = f" ({m['failed']} failed)" if m.get("failed") else ""
-        lines.append(f"| {t['label']}{failed} | {fmt(m['output_throughput'])} | {fmt(ratio)} | {fmt(m['request_throughput'])} "
+        kept = " †" if "cache_flush" in t and t["cache_flush"] is None else ""
+        lines.append(f"| {t['label']}{kept}{failed} | {fmt(m['output_throughput'])} | {fmt(ratio)} | {fmt(m['request_throughput'])} "
                      f"| {fmt(m['median_ttft_ms'])} | {fmt(m['median_tpot_ms'])} | {fmt(m['median_e2e_latency_ms'])} "
                      f"| {fmt(m['cache_hit_rate'])} |")
+    if any("cache_flush" in t and t["cache_flush"] is None for t in targets if not t.get("skipped")):
+        lines += ["", "† prefix cache not emptied before the run (the server has no flush route, or it refused): "
+                      "its hits may come from an earlier round or workload."]
     return lines
 
 

@@ -124,7 +124,11 @@ if ! want vllm; then
 elif [ -x "$VLLM_PY" ] && "$VLLM_PY" -c 'import vllm' 2>/dev/null; then
     port=$(free_port)
     # nobind: vLLM's default ("auto") pins its OpenMP threads and reserves a core for its scheduler
-    # process (on 2 cores: 1 thread); nobind leaves OMP_NUM_THREADS=$THREADS threads, unpinned, as the others
+    # process (on 2 cores: 1 thread); nobind leaves OMP_NUM_THREADS=$THREADS threads, unpinned, as the others.
+    # VLLM_SERVER_DEV_MODE=1 adds POST /reset_prefix_cache, which bench_serving calls before every round
+    # as it calls radixlm's /flush_cache: without it a repeated workload (--rounds, the busy rerun of
+    # shared_prefix) finds its shared prefixes already cached in vLLM and skips half of its prefill.
+    VLLM_SERVER_DEV_MODE=1 \
     VLLM_CPU_OMP_THREADS_BIND="${VLLM_CPU_OMP_THREADS_BIND:-nobind}" VLLM_CPU_KVCACHE_SPACE="${VLLM_KV_GB:-4}" \
         start vllm openai "$port" "$VLLM_PY" -m vllm.entrypoints.openai.api_server \
         --model "$MODEL_DIR" --dtype "$DTYPE" --enable-prefix-caching --enable-prompt-tokens-details \

@@ -35,9 +35,14 @@ def results(tmp_path):
     d = tmp_path / "res"
     d.mkdir()
     (d / "shared_prefix.json").write_text(json.dumps(_payload("generated-shared-prefix", [
-        _target("radixlm", 100.0, ttfts=(0.05, 0.1, 0.3)), _target("radixlm-nocache", 25.0),
+        {**_target("radixlm", 100.0, ttfts=(0.05, 0.1, 0.3)), "cache_flush": "/flush_cache"},
+        {**_target("radixlm-nocache", 25.0), "cache_flush": "/flush_cache"},
         _target("vllm", None, skipped="ConnectError: refused"),
         _target("hf-static", 20.0, ttfts=(None, None), median_ttft_ms=None)], gsp_num_groups=8)))
+    (d / "decode_heavy.json").write_text(json.dumps(_payload("random", [
+        {**_target("radixlm", 60.0), "cache_flush": "/flush_cache"},
+        {**_target("vllm", 50.0), "cache_flush": "/reset_prefix_cache"},
+        {**_target("llama-server", 30.0), "cache_flush": None}], random_input_len=[64, 128])))
     (d / "json_schema.json").write_text(json.dumps(_payload("json-schema", [
         _target("radixlm", 40.0, mean_tpot_ms=22.0, json_valid_rate=1.0),
         _target("radixlm-free", 45.0, mean_tpot_ms=20.0, json_valid_rate=0.0)], conc=16)))
@@ -57,6 +62,10 @@ def test_summary_tables(results):
     md = load("summary").summarize(results)
     assert "### shared_prefix" in md and "load average 1.5" in md
     assert "| radixlm-nocache | 25 | 4 |" in md  # radixlm ÷ system = 100 / 25
+    shared, heavy = md.split("### decode_heavy")[0], md.split("### decode_heavy")[1].split("###")[0]
+    assert "†" not in shared  # every target that ran was flushed (old JSONs without the key: no mark)
+    assert "| vllm | 50 | 1.2 |" in heavy and "| llama-server † | 30 | 2 |" in heavy
+    assert "† prefix cache not emptied" in heavy
     assert "| vllm | skipped: ConnectError: refused |" in md
     assert "| hf-static | 20 | 5 | 2 | – |" in md  # no TTFT for a static batch
     assert "| radixlm | 22 | 1.1 | 40 | 1 |" in md  # constrained TPOT / unconstrained TPOT
