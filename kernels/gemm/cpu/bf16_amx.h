@@ -144,7 +144,8 @@ RADIXLM_AMX_TARGET inline void amx_two_row_tiles(const at::BFloat16* x, int64_t 
     // L2 without filling L1, so the row block's A tiles (32 rows x K, 36 KB at K = 576) stay in L1.
     // No software prefetch here: prefetching B into L1 brings the eviction back (measured, paired:
     // stream loads alone 0.98x the time of plain loads + prefetch, stream loads without prefetch
-    // 0.85x at 512-1,024 rows, 0.95x at 128).
+    // 0.85x at 512-1,024 rows, 0.95x at 128). Both B tiles, then A0's two products, then A1's: tile 4
+    // is free for the next step's A0 after the second product and tile 6 after the third.
     _tile_loadd(4, x + k, sx);
     _tile_stream_loadd(6, b, 64);
     if constexpr (NP > 1) _tile_stream_loadd(7, b + ps, 64);
