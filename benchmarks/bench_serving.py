@@ -356,7 +356,8 @@ async def flush_prefix_cache(client: aiohttp.ClientSession, url: str, attempts: 
                 if r.status in (404, 405):
                     break
                 body = _json_or_none(await r.text()) if r.status == 200 else None
-            if r.status == 200 and (not isinstance(body, dict) or body.get("success", True) is not False):
+            refused = isinstance(body, dict) and body.get("success") is False  # vLLM: blocks still held
+            if r.status == 200 and not refused:
                 return route
             await asyncio.sleep(0.25)
     return None
@@ -483,10 +484,7 @@ def run_hf_static(target: Target, requests: list[BenchRequest], args, tokenizer)
 
 
 def _valid_json(text: str) -> bool:
-    try:
-        return isinstance(json.loads(text), dict)
-    except ValueError:
-        return False
+    return isinstance(_json_or_none(text), dict)
 
 
 # ---------------------------------------------------------------- CLI, report
