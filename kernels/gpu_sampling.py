@@ -58,7 +58,7 @@ def sample(logits: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
     if not use_flashinfer(logits, info):
         return torch_sampling.sample(logits, info)
     fs = _flashinfer_sampling()
-    probs = torch.softmax(logits.float() / info.temperatures, dim=-1)
+    probs = torch_sampling.temperature_probs(logits, info.temperatures)
     try:
         if info.need_top_k or info.need_top_p:
             ids = fs.top_k_top_p_sampling_from_probs(probs, info.top_ks.to(torch.int32), info.top_ps,

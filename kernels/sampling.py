@@ -289,6 +289,19 @@ def apply_vocab_mask(logits: torch.Tensor, vocab_mask: torch.Tensor) -> torch.Te
     return logits.masked_fill_(~allowed, float("-inf"))
 
 
+_FLOAT32_MAX = torch.finfo(torch.float32).max
+
+
+def temperature_probs(logits: torch.Tensor, temperatures: torch.Tensor) -> torch.Tensor:
+    """softmax(logits / T) in float32, (bs, V) -> (bs, V), new tensor; temperatures (bs, 1).
+
+    A logit that is +inf after the scaling (a huge logit_bias, or a small temperature) is taken as
+    float32's largest value, so such tokens share the probability instead of turning the row into
+    NaN (inf - inf) and the sample into token 0."""
+    scaled = logits.float() / temperatures
+    return torch.softmax(scaled.clamp_(max=_FLOAT32_MAX), dim=-1)
+
+
 def sample(logits: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
     """Pick the next token of every row. ``logits`` is not modified.
 
@@ -301,7 +314,7 @@ def sample(logits: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
     """
     if info.is_all_greedy:
         return argmax_rows(logits)
-    probs = torch.softmax(logits.float() / info.temperatures, dim=-1)
+    probs = temperature_probs(logits, info.temperatures)
     if info.need_top_p:
         probs = _top_k_top_p_sorted(probs, info.top_ks, info.top_ps)
     elif info.need_top_k:

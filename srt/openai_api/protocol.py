@@ -12,7 +12,7 @@ Responses follow OpenAI's reference types (``openai.types.Completion``, ``ChatCo
 
 from __future__ import annotations
 
-from typing import Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -66,7 +66,8 @@ class _SamplingRequest(_Strict):
     model: Optional[str] = None
     frequency_penalty: Optional[float] = Field(default=None, ge=-2, le=2)
     presence_penalty: Optional[float] = Field(default=None, ge=-2, le=2)
-    logit_bias: Optional[dict[str, float]] = None
+    # OpenAI's range: -100 bans a token, 100 all but forces it (a larger value is a 400 there too)
+    logit_bias: Optional[dict[str, Annotated[float, Field(ge=-100, le=100)]]] = None
     max_tokens: Optional[int] = Field(default=None, ge=1)
     n: Optional[int] = Field(default=None, ge=1, le=128)
     seed: Optional[int] = None

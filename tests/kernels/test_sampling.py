@@ -20,6 +20,7 @@ from radixlm.kernels.sampling import (
     compute_logprobs,
     generator_seed,
     sample,
+    temperature_probs,
     unpack_vocab_mask,
 )
 from radixlm.srt.sampling_params import SamplingParams
@@ -246,6 +247,22 @@ def test_logit_bias_forces_a_token():
     assert sample(out, info)[:3].tolist() == [13, 13, 13]
     merged = make_info([P(logit_bias={"2": 1.5, "02": 0.5})], vocab_size=20)
     assert apply_logits_processors(torch.zeros(1, 20), merged)[0, 2] == 2.0
+
+
+@pytest.mark.parametrize("temperature,bias", [(1.0, 1e39), (0.5, 3e38), (2e-6, 1e33)])
+def test_logits_that_overflow_after_temperature_still_sample_their_token(temperature, bias):
+    """A logit that is +inf after the bias or the temperature (1e39 is inf in float32; 3e38 / 0.5 and
+    1e33 / 2e-6 overflow) must win the row, not turn its softmax into NaN and the sample into token 0
+    (a newcomer's 1e39 logit_bias gave output_ids [0, 0, 0])."""
+    logits = torch.randn(3, 20, generator=torch.Generator().manual_seed(8))
+    params = [P(temperature=temperature, logit_bias={"13": bias}, sampling_seed=i,
+                top_p=0.9 if i == 1 else 1.0, min_p=0.1 if i == 2 else 0.0) for i in range(3)]
+    info = make_info(params, vocab_size=20)
+    out = apply_logits_processors(logits.clone(), info)
+    assert not info.has_greedy
+    assert sample(out, info).tolist() == [13] * 3
+    probs = temperature_probs(out, info.temperatures)
+    assert torch.isfinite(probs).all() and (probs[:, 13] == 1).all()
 
 
 def test_min_new_tokens_masks_stop_ids_until_reached():

@@ -126,6 +126,15 @@ def test_stream_of_byte_fallback_output_never_splits_a_character(http, engine, m
         assert "世" not in full["text"] and all(t == "" for t in texts[:-1])
 
 
+def test_a_bias_beyond_float32_forces_its_token_when_sampling(http):
+    """1e39 is finite in JSON and Python but inf in float32: the sampled rows must pick the biased
+    token (it was the NaN row's token 0, three times, with empty text)."""
+    r = http.post("/generate", json={"text": "Lily", "sampling_params": {
+        "max_new_tokens": 3, "temperature": 1.0, "top_p": 0.9, "logit_bias": {"42": 1e39}}})
+    assert r.status_code == 200, r.text
+    assert r.json()["output_ids"] == [42, 42, 42]
+
+
 def test_n_samples_share_the_prompt_prefix(http, engine):
     prompt = STORY_PROMPTS[4]
     want = _strip(engine.generate(prompt, greedy(10)))
