@@ -2,7 +2,7 @@
 
 Data flow per step (SGLang's ``layers/sampler.py`` order, see ``docs/sglang-reference.md`` 4.5)::
 
-    info = SamplingBatchInfo.from_requests(params, output_ids, vocab_size, stop_ids, device)
+    info = SamplingBatchInfo.from_requests(params, output_ids, vocab_size, stop_ids, device, prompt_ids)
     raw = logits.clone()                         # only if some request wants logprobs
     apply_logits_processors(logits, info, vocab_mask)    # in place
     next_ids = sample(logits, info)
@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import Optional, Sequence, Union
 
 import torch
 
@@ -85,9 +85,16 @@ class SamplingBatchInfo:
     # (row, generator seed) for every non-greedy row with a sampling_seed.
     seeded_rows: tuple[tuple[int, int], ...] = ()
     # Sparse logit edits; None when no row uses them, so the common path costs nothing.
+    repetition: Optional[TokenUpdates] = None  # divides a positive logit, multiplies a negative one
     penalties: Optional[TokenUpdates] = None  # subtracted: freq * count + pres * (count > 0)
     min_tokens_block: Optional[TokenUpdates] = None  # -inf: EOS/stop ids before min_new_tokens
     logit_bias: Optional[TokenUpdates] = None  # added
+
+    @property
+    def edits_logits(self) -> bool:
+        """Whether ``apply_logits_processors`` changes any logit (besides a vocab_mask): a caller may
+        then need a copy of the raw logits (logprobs are of the model's distribution)."""
+        return any(u is not None for u in (self.repetition, self.penalties, self.min_tokens_block, self.logit_bias))
 
     @classmethod
     def from_requests(
@@ -97,8 +104,10 @@ class SamplingBatchInfo:
         vocab_size: int,
         stop_ids: list[frozenset[int]],
         device: Union[torch.device, str] = "cpu",
+        prompt_ids: Optional[Sequence[Sequence[int]]] = None,
     ) -> "SamplingBatchInfo":
-        """Build the batch's sampling state. Cost is O(bs) plus O(output tokens) for penalty rows.
+        """Build the batch's sampling state. Cost is O(bs) plus O(output tokens) for penalty rows
+        (O(prompt + output tokens) for repetition_penalty rows).
 
         Args:
             params: one SamplingParams per row (already ``verify``-ed at the edge).
@@ -107,9 +116,11 @@ class SamplingBatchInfo:
             stop_ids: per row, EOS + stop_token_ids; masked to -inf while
                 ``len(output_ids[i]) < params[i].min_new_tokens``.
             device: where the tensors live (the logits' device).
+            prompt_ids: each row's prompt ids, which repetition_penalty counts as seen as well
+                (HF's RepetitionPenaltyLogitsProcessor, vLLM); None: none of the rows has one.
         Raises:
-            ValueError: list lengths differ, V < 1, or a token id (output, stop, logit_bias key)
-                is outside [0, V).
+            ValueError: list lengths differ, V < 1, a token id (prompt, output, stop, logit_bias key)
+                is outside [0, V), or a row has a repetition_penalty but no prompt_ids were given.
         """
         bs = len(params)
         if len(output_ids) != bs or len(stop_ids) != bs:
@@ -143,6 +154,7 @@ class SamplingBatchInfo:
             top_k_max=max((k for k, g in zip(top_ks, greedy) if not g), default=0),
             seeded_rows=tuple((i, generator_seed(s, steps[i])) for i, s in enumerate(seeds)
                               if s is not None and not greedy[i]),
+            repetition=_repetition_updates(params, prompt_ids, output_ids, vocab_size, device),
             penalties=_penalty_updates(params, output_ids, vocab_size, device),
             min_tokens_block=_min_tokens_updates(params, output_ids, stop_ids, vocab_size, device),
             logit_bias=_logit_bias_updates(params, vocab_size, device),
@@ -195,6 +207,25 @@ def _penalty_updates(params: list[SamplingParams], output_ids: list[list[int]], 
     return _updates(r, t, freq * counts.to(torch.float32) + pres, device)
 
 
+def _repetition_updates(params: list[SamplingParams], prompt_ids: Optional[Sequence[Sequence[int]]],
+                        output_ids: list[list[int]], vocab_size: int,
+                        device: Union[torch.device, str]) -> Optional[TokenUpdates]:
+    """repetition_penalty (Keskar et al. 2019, CTRL) over each row's prompt and output tokens: one
+    (row, token, penalty) per distinct token seen."""
+    rows = [i for i, p in enumerate(params) if p.repetition_penalty != 1.0]
+    if not rows:
+        return None
+    if prompt_ids is None or len(prompt_ids) != len(params):
+        raise ValueError("repetition_penalty needs every row's prompt_ids")
+    seen = [torch.unique(torch.tensor([*prompt_ids[i], *output_ids[i]], dtype=torch.int64)) for i in rows]
+    ids = torch.cat(seen)
+    _check_ids(ids, vocab_size, "prompt or output")
+    counts = torch.tensor([len(t) for t in seen], dtype=torch.int64)
+    row_idx = torch.repeat_interleave(torch.tensor(rows, dtype=torch.int64), counts)
+    penalty = torch.tensor([params[i].repetition_penalty for i in rows], dtype=torch.float32)
+    return _updates(row_idx, ids, torch.repeat_interleave(penalty, counts), device)
+
+
 def _min_tokens_updates(params: list[SamplingParams], output_ids: list[list[int]],
                         stop_ids: list[frozenset[int]], vocab_size: int,
                         device: Union[torch.device, str]) -> Optional[TokenUpdates]:
@@ -228,7 +259,8 @@ def apply_logits_processors(logits: torch.Tensor, info: SamplingBatchInfo,
                             vocab_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Apply penalties, min_new_tokens, grammar mask and logit_bias to ``logits`` in place.
 
-    Order: frequency/presence penalties (``logit -= freq * count + pres * (count > 0)``, counts
+    Order (vLLM's): repetition_penalty (a seen token's logit divided by it when positive, multiplied
+    when not; HF's RepetitionPenaltyLogitsProcessor), frequency/presence penalties (``logit -= freq * count + pres * (count > 0)``, counts
     over output tokens only), EOS/stop ids -> -inf before min_new_tokens, ``vocab_mask``
     (disallowed -> -inf), logit_bias (added). With none of them this is a no-op.
 
@@ -243,6 +275,11 @@ def apply_logits_processors(logits: torch.Tensor, info: SamplingBatchInfo,
     Raises:
         ValueError: vocab_mask has the wrong batch size or too few words.
     """
+    if info.repetition is not None:
+        upd = info.repetition
+        idx = (upd.rows, upd.token_ids)
+        current = logits[idx]
+        logits.index_put_(idx, torch.where(current > 0, current / upd.values, current * upd.values))
     if info.penalties is not None:
         _add_at(logits, info.penalties, sign=-1.0)
     if info.min_tokens_block is not None:

@@ -34,7 +34,8 @@ class ResultProcessor:
                     for r in reqs]
         info = SamplingBatchInfo.from_requests(
             [r.sampling_params for r in reqs], [r.output_ids for r in reqs], vocab_size,
-            stop_ids, device=self.kv.req_to_token_pool.req_to_token.device)
+            stop_ids, device=self.kv.req_to_token_pool.req_to_token.device,
+            prompt_ids=[r.origin_input_ids for r in reqs])
         mask = None
         if any(r.grammar is not None for r in reqs):
             samples = [r.num_cached + r.extend_len == r.seq_len for r in reqs]

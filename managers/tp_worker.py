@@ -48,8 +48,7 @@ class TpModelWorker:
         _, row_offsets = batch.logits_layout()
         next_ids = None
         if sampling_info is not None:
-            untouched = (sampling_info.penalties is None and sampling_info.min_tokens_block is None
-                         and vocab_mask is None and sampling_info.logit_bias is None)
+            untouched = not sampling_info.edits_logits and vocab_mask is None
             if untouched and len(row_offsets) - 1 == logits.shape[0]:
                 # one row per request, all last rows, and nothing edits them in place: no (bs, V) copy
                 last = logits

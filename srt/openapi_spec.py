@@ -108,7 +108,7 @@ OPERATIONS: dict[str, dict[str, Operation]] = {
 _SAMPLING_BOUNDS: dict[str, dict] = {
     "temperature": {"minimum": 0}, "top_p": {"exclusiveMinimum": 0, "maximum": 1}, "min_p": {"minimum": 0, "maximum": 1},
     "frequency_penalty": {"minimum": -2, "maximum": 2}, "presence_penalty": {"minimum": -2, "maximum": 2},
-    "repetition_penalty": {"const": 1.0}, "min_new_tokens": {"minimum": 0},
+    "repetition_penalty": {"exclusiveMinimum": 0, "maximum": 2}, "min_new_tokens": {"minimum": 0},
     "n": {"minimum": 1, "maximum": MAX_SEQUENCES_PER_REQUEST},
 }
 _ERROR_DESCRIPTIONS = {400: "Invalid request", 401: "Missing or wrong API key (Authorization: Bearer KEY)",

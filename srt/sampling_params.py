@@ -44,7 +44,8 @@ class SamplingParams(msgspec.Struct, kw_only=True):
         top_p: nucleus mass in (0, 1]. top_k: -1 = whole vocabulary, else >= 1.
         min_p: in [0, 1], drops tokens with prob < min_p * max prob.
         frequency_penalty, presence_penalty: in [-2, 2], over output tokens (OpenAI semantics).
-        repetition_penalty: accepted for compatibility, must be 1.0 (not applied).
+        repetition_penalty: in (0, 2], 1 = off: a logit of a token already in the prompt or output
+            is divided by it when positive, multiplied when not (HF / vLLM / SGLang semantics).
         logit_bias: token id (str or int) -> additive bias.
         sampling_seed: per-request seed; same seed + same prompt gives the same text in any batch.
         ignore_eos, skip_special_tokens, spaces_between_special_tokens, no_stop_trim: as SGLang.
@@ -144,8 +145,9 @@ class SamplingParams(msgspec.Struct, kw_only=True):
             v = getattr(self, name)
             if not -2 <= v <= 2:
                 raise SamplingParamsError(f"{name} must be in [-2, 2], got {v}", name)
-        if self.repetition_penalty != 1.0:
-            raise SamplingParamsError("repetition_penalty is not supported (must be 1.0)", "repetition_penalty")
+        if not 0 < self.repetition_penalty <= 2:
+            raise SamplingParamsError(f"repetition_penalty must be in (0, 2], got {self.repetition_penalty}",
+                                      "repetition_penalty")
         if self.max_new_tokens is not None and self.max_new_tokens < 0:
             raise SamplingParamsError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}", "max_new_tokens")
         if self.min_new_tokens < 0:

@@ -188,13 +188,15 @@ class NgramSpeculator:
     def _sampling_rows(self, reqs: list[Req], drafts: list[_Draft], device: Any
                        ) -> tuple[SamplingBatchInfo, Optional[torch.Tensor]]:
         """Sampling state per verify row: row j of a request sees its output + draft[:j]."""
-        params, outputs, stops = [], [], []
+        params, outputs, stops, prompts = [], [], [], []
         for r, d in zip(reqs, drafts):
             for j in range(len(d.tokens) + 1):
                 params.append(r.sampling_params)
+                prompts.append(r.origin_input_ids)
                 outputs.append(r.output_ids + d.tokens[:j] if j else r.output_ids)
                 stops.append(frozenset() if d.completed is not None and d.completed[j] else r.stop_ids)
-        info = SamplingBatchInfo.from_requests(params, outputs, self.vocab_size, stops, device=device)
+        info = SamplingBatchInfo.from_requests(params, outputs, self.vocab_size, stops, device=device,
+                                               prompt_ids=prompts)
         if all(d.mask is None for d in drafts):
             return info, None
         mask = allocate_bitmask(len(params), self.vocab_size)

@@ -85,6 +85,7 @@ class _SamplingRequest(_Strict):
     # radixlm / SGLang extras (the native sampling fields)
     top_k: Optional[int] = None
     min_p: Optional[float] = None
+    repetition_penalty: Optional[float] = None  # range checked with the native params: (0, 2]
     min_tokens: Optional[int] = Field(default=None, ge=0)
     ignore_eos: Optional[bool] = None
     stop_token_ids: Optional[list[int]] = None

@@ -265,6 +265,22 @@ def test_logits_that_overflow_after_temperature_still_sample_their_token(tempera
     assert torch.isfinite(probs).all() and (probs[:, 13] == 1).all()
 
 
+def test_repetition_penalty_divides_positive_and_multiplies_negative_seen_logits():
+    logits = torch.tensor([[2.0, -2.0, 3.0, -1.0, 0.5], [2.0, -2.0, 3.0, -1.0, 0.5]])
+    params = [P(repetition_penalty=2.0), P()]
+    info = SamplingBatchInfo.from_requests(params, [[1, 1], [1]], 5, [frozenset()] * 2, prompt_ids=[[0, 4, 0], [0]])
+    assert info.edits_logits and info.repetition is not None
+    out = apply_logits_processors(logits.clone(), info)
+    # row 0 saw 0, 4 (prompt) and 1 (output, twice: counted once); row 1 has no penalty
+    assert out[0].tolist() == [1.0, -4.0, 3.0, -1.0, 0.25]
+    assert torch.equal(out[1], logits[1])
+    assert not make_info([P(), P(temperature=0)]).edits_logits
+    with pytest.raises(ValueError, match="prompt_ids"):
+        SamplingBatchInfo.from_requests(params, [[1], [1]], 5, [frozenset()] * 2)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        SamplingBatchInfo.from_requests(params, [[1], [1]], 5, [frozenset()] * 2, prompt_ids=[[7], [0]])
+
+
 def test_min_new_tokens_masks_stop_ids_until_reached():
     V, stops = 10, [frozenset({0, 5})]
     logits = torch.zeros(1, V)

@@ -8,6 +8,8 @@ import json
 import pytest
 from openai.types import Completion
 
+from tests.conftest import STORY_PROMPTS
+
 from .conftest import MODEL, revalidate, sse_lines
 
 PROMPT = "Once upon a time"
@@ -151,6 +153,13 @@ def test_stop_and_extras(client, http):
     banned = _create(client, prompt=PROMPT, max_tokens=1, temperature=0, logit_bias={str(first_id): -100},
                      presence_penalty=0.5, frequency_penalty=0.5, user="test-user")
     assert banned.usage.completion_tokens == 1 and not base.startswith(banned.choices[0].text)
+    # SGLang / vLLM's repetition_penalty extra reaches the native params (story prompt 3's first
+    # greedy token is one of its own, which 1.3 demotes: tests/engine/test_repetition_penalty.py)
+    texts = [_create(client, prompt=STORY_PROMPTS[3], max_tokens=4, temperature=0, extra_body=extra).choices[0].text
+             for extra in ({}, {"repetition_penalty": 1.3})]
+    native = http.post("/generate", json={"text": STORY_PROMPTS[3], "sampling_params": {
+        "temperature": 0, "max_new_tokens": 4, "repetition_penalty": 1.3}}).json()["text"]
+    assert texts[1] == native and texts[1] != texts[0]
 
 
 def test_constrained_extras(client):

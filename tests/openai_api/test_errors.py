@@ -68,6 +68,8 @@ CASES = [
      "stop_token_ids"),
     ("logit_bias key not a token id", COMPLETIONS, {"prompt": "Lily", "logit_bias": {"x": 1}}, 400,
      "is not a token id", "logit_bias"),
+    ("repetition_penalty 0", CHAT, {"messages": USER, "repetition_penalty": 0}, 400,
+     "repetition_penalty must be in (0, 2]", "repetition_penalty"),
     ("logit_bias above OpenAI's 100", CHAT, {"messages": USER, "logit_bias": {"5": 101}}, 400,
      "less than or equal to 100", "logit_bias.5"),
     ("logit_bias that is inf in float32", COMPLETIONS, {"prompt": "Lily", "logit_bias": {"5": -1e39}}, 400,

@@ -77,7 +77,7 @@ SAMPLING_FIELDS = ["max_new_tokens", "min_new_tokens", "stop", "stop_token_ids",
                    "no_stop_trim", "json_schema", "regex", "ebnf", "n", "stream_interval", "temprature"]
 GENERATE_FIELDS = ["text", "input_ids", "sampling_params", "rid", "return_logprob", "logprob_start_len",
                    "top_logprobs_num", "return_text_in_logprobs", "stream", "image_data", "lora_path", "max_tokens"]
-OPENAI_COMMON = ["model", "frequency_penalty", "presence_penalty", "logit_bias", "max_tokens", "n", "seed", "stop",
+OPENAI_COMMON = ["model", "frequency_penalty", "presence_penalty", "repetition_penalty", "logit_bias", "max_tokens", "n", "seed", "stop",
                  "stream", "stream_options", "temperature", "top_p", "user", "top_k", "min_p", "min_tokens",
                  "ignore_eos", "stop_token_ids", "skip_special_tokens", "no_stop_trim", "regex", "ebnf", "rid",
                  "unknown_field"]

@@ -122,7 +122,7 @@ SCHEMA_INVALID = [
     *({"text": "a", "sampling_params": sp} for sp in [
         {"max_new_tokens": "5"}, {"max_new_tokens": -1}, {"max_new_tokens": CONTEXT_LEN + 1}, {"max_new_tokens": True},
         {"temperature": "0.5"}, {"temperature": -0.1}, {"top_p": 0}, {"top_p": 1.5}, {"top_k": 0}, {"top_k": -2},
-        {"min_p": 2}, {"frequency_penalty": 3}, {"repetition_penalty": 1.2}, {"n": 0}, {"n": 1025}, {"n": "2"},
+        {"min_p": 2}, {"frequency_penalty": 3}, {"repetition_penalty": 0}, {"n": 0}, {"n": 1025}, {"n": "2"},
         {"ignore_eos": 1}, {"ignore_eos": "true"}, {"stop": 5}, {"stop": [1]}, {"stop_token_ids": [VOCAB]},
         {"stop_token_ids": [-1]}, {"logit_bias": {"1": "x"}}, {"temperatur": 0.5}, {"regex": 5}, "greedy", [1],
     ]),
