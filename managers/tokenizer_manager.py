@@ -229,11 +229,16 @@ class TokenizerManager:
                 continue
             prefill = msgspec.structs.replace(params, max_new_tokens=0, n=1)
             warmups.append(TokenizedGenerateReq(rid=f"{base_rids[i]}_prefill", input_ids=ids, sampling_params=prefill))
-            one = msgspec.structs.replace(params, n=1)
-            msgs.extend(msg(i, ids, one, f"{base_rids[i]}_{j}", req.stream) for j in range(n))
+            # With a sampling_seed, copy j samples with seed + j (as /v1 gives choice j): n copies of one
+            # seed would be n identical samples.
+            seed = params.sampling_seed
+            msgs.extend(msg(i, ids, msgspec.structs.replace(params, n=1, sampling_seed=None if seed is None else seed + j),
+                            f"{base_rids[i]}_{j}", req.stream) for j in range(n))
         seen: set[str] = set()
         for m in warmups + msgs:
-            if m.rid in self.states or m.rid in seen:
+            if m.rid in seen:
+                raise InvalidRequestError(f"request id {m.rid!r} is given twice in this request")
+            if m.rid in self.states:
                 raise InvalidRequestError(f"request id {m.rid!r} is already in use")
             seen.add(m.rid)
             try:  # everything must cross the wire: fail here (400), before any state is registered

@@ -61,6 +61,8 @@ BAD_BODIES = [
      "max_new_tokens is 2047"),
     ("sampling_params list of wrong length", {"text": ["a", "b"], "sampling_params": [{}]}, "sampling_params"),
     ("rid list of wrong length", {"text": ["a", "b"], "rid": ["x"]}, "rid"),
+    ("rid twice in one batch", {"text": ["a", "b"], "rid": ["x", "x"]}, "request id 'x' is given twice in this request"),
+    ("repetition_penalty 0", {"text": "a", "sampling_params": {"repetition_penalty": 0}}, "repetition_penalty must be in (0, 2]"),
     ("different n in one batch", {"text": ["a", "b"], "sampling_params": [{"n": 1}, {"n": 2}]}, "share n"),
     ("negative top_logprobs_num", {"text": "a", "return_logprob": True, "top_logprobs_num": -1}, "top_logprobs_num"),
 ]

@@ -150,6 +150,17 @@ def test_n_samples_share_the_prompt_prefix(http, engine):
     assert len(batch) == 4 and batch[0]["text"] == batch[1]["text"] and batch[2]["text"] == batch[3]["text"]
 
 
+def test_n_seeded_samples_differ_and_repeat(http):
+    """n copies of a seeded request sample with seed, seed + 1, ... (as /v1's choices do): different
+    texts, the same ones on every call, and copy j equals a single request with seed + j."""
+    sp = {"max_new_tokens": 12, "temperature": 1.0, "sampling_seed": 40, "n": 3}
+    texts = [[g["text"] for g in http.post("/generate", json={"text": "Lily", "sampling_params": sp}).json()]
+             for _ in range(2)]
+    assert texts[0] == texts[1] and len(set(texts[0])) == 3
+    one = {**sp, "n": 1, "sampling_seed": 42}
+    assert http.post("/generate", json={"text": "Lily", "sampling_params": one}).json()["text"] == texts[0][2]
+
+
 def test_rid_is_echoed_and_expanded_for_batches(http):
     one = http.post("/generate", json={"text": "Lily", "rid": "my-req", "sampling_params": greedy(2)}).json()
     assert one["meta_info"]["id"] == "my-req"
