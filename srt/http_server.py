@@ -5,7 +5,7 @@ in through those arguments (no module-level state). Routes:
 
 - ``POST|PUT /generate``: ``GenerateReqInput`` -> response dict, list for a batch, or an SSE stream
   of cumulative dicts ending with ``data: [DONE]``.
-- ``GET /health`` (never needs the API key), ``GET /health_generate`` (a one-token request on every
+- ``GET /health`` (and ``HEAD``; never needs the API key), ``GET /health_generate`` (a one-token request on every
   replica).
 - ``GET /get_model_info`` = ``/model_info``; ``GET /get_server_info`` = ``/server_info`` (one
   ``internal_states`` entry per ``--dp-size`` replica, ``internal_state`` their sum); ``GET /get_load``.
@@ -290,7 +290,7 @@ def create_app(tm: TokenizerManager, server_args: Any, model_info: dict, metrics
         except ClientDisconnected:
             return Response(status_code=499)  # nobody is listening; nginx's "client closed request"
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])  # HEAD: load balancers' and uptime checkers' probes
     async def health() -> Response:
         if tm.dead is not None:
             return json_response(native_error_body(tm.dead, 503), 503)

@@ -12,7 +12,7 @@ custom schema) with one built from FastAPI's paths plus the declarations in ``OP
   SGLang's ``/generate`` dict), ``text/event-stream`` for streams, ``text/plain`` for ``/metrics`` and
   ``/flush_cache``, no body for ``/health``; errors as ``NativeError`` or ``OpenAIError``
   (``radixlm.srt.errors``), 503 with its ``Retry-After`` header;
-- with ``--api-key``: a bearer security scheme on every operation but ``GET /health``, and 401s.
+- with ``--api-key``: a bearer security scheme on every operation but ``GET`` / ``HEAD /health``, and 401s.
 
 JSON Schema cannot state every rule (a regex must compile, prompt + ``max_new_tokens`` must fit the
 context, only one grammar per request), so a schema-valid body can still get a 400. A route missing
@@ -75,7 +75,8 @@ _COMPLETION_ERRORS = (400, 413, 503)
 
 OPERATIONS: dict[str, dict[str, Operation]] = {
     "/generate": {"post": _GENERATE, "put": _GENERATE},
-    "/health": {"get": Operation("200 while the scheduler is alive (never needs the API key)", errors=(503,))},
+    "/health": {"get": Operation("200 while the scheduler is alive (never needs the API key)", errors=(503,)),
+                "head": Operation("GET /health without a body (load balancers' probes)", errors=(503,))},
     "/health_generate": {"get": Operation("200 once a one-token request finished on every replica", errors=(503,))},
     "/get_model_info": {"get": _MODEL_INFO},
     "/model_info": {"get": _MODEL_INFO},

@@ -198,8 +198,11 @@ class _ChatState:
         """Role chunks at once (so clients see the stream open), then deltas from the
         TokenizerManager's cumulative updates, one finish chunk per choice, the usage chunk."""
         total = len(prep.msgs)
+        continuous = self.req.stream_options is not None and self.req.stream_options.continuous()
+        latest: list[Optional[dict]] = [None] * total  # each choice's last meta_info (continuous usage)
+        opening = usage_info([{"prompt_tokens": len(self.prompt_ids)}], 1) if continuous else None  # nothing generated yet
         for k in range(total):
-            yield self._chunk(ChatStreamChoice(index=k, delta=DeltaMessage(role="assistant", content="")))
+            yield self._chunk(ChatStreamChoice(index=k, delta=DeltaMessage(role="assistant", content="")), opening)
         sent_text, sent_lps = [0] * total, [0] * total
         outputs = [self.new_output() for _ in range(total)]
         metas: list[Optional[dict]] = [None] * total
@@ -209,6 +212,8 @@ class _ChatState:
                 raise OpenAIError(err.get("message") or "request failed", int(err.get("code") or 500))
             k = event.get("index", 0)
             meta = event["meta_info"]
+            latest[k] = meta
+            usage = usage_info(latest, self.n) if continuous else None
             text = event["text"][sent_text[k]:]
             sent_text[k] += len(text)
             logprobs = None
@@ -219,15 +224,15 @@ class _ChatState:
             parts = outputs[k].feed(text) if text else None
             if parts or (logprobs is not None and logprobs.content):
                 delta = parts.message() if parts else DeltaMessage(content="")
-                yield self._chunk(ChatStreamChoice(index=k, delta=delta, logprobs=logprobs))
+                yield self._chunk(ChatStreamChoice(index=k, delta=delta, logprobs=logprobs), usage)
             reason, matched = finish_reason(meta)
             if reason is not None:
                 metas[k] = meta
                 held = outputs[k].finish()
                 if held:
-                    yield self._chunk(ChatStreamChoice(index=k, delta=held.message()))
+                    yield self._chunk(ChatStreamChoice(index=k, delta=held.message()), usage)
                 yield self._chunk(ChatStreamChoice(index=k, delta=DeltaMessage(),
                                                    finish_reason=outputs[k].finish_reason(reason),
-                                                   matched_stop=matched))
+                                                   matched_stop=matched), usage)
         if self.req.stream_options is not None and self.req.stream_options.include_usage:
             yield self._chunk(None, usage_info(metas, self.n))

@@ -141,6 +141,8 @@ class _State:
         total = len(prep.msgs)
         sent_text, sent_lps, lp_chars = [0] * total, [0] * total, [0] * total
         started = [False] * total
+        continuous = self.req.stream_options is not None and self.req.stream_options.continuous()
+        latest: list[Optional[dict]] = [None] * total  # each choice's last meta_info (continuous usage)
         metas: list[Optional[dict]] = [None] * total
         async for event in self.ctx.tm.generate_stream(prep, request.is_disconnected):
             if "error" in event:
@@ -149,6 +151,8 @@ class _State:
             k = event.get("index", 0)
             i = k // self.n
             meta = event["meta_info"]
+            latest[k] = meta
+            usage = usage_info(latest, self.n) if continuous else None
             text = event["text"][sent_text[k]:]
             sent_text[k] += len(text)
             logprobs = None
@@ -166,12 +170,12 @@ class _State:
                 logprobs = logprobs or CompletionLogprobs()
                 _extend(logprobs, more)
             if text or not started[k] or (logprobs is not None and logprobs.tokens):
-                yield self._chunk(CompletionChoice(index=k, text=text, logprobs=logprobs))
+                yield self._chunk(CompletionChoice(index=k, text=text, logprobs=logprobs), usage)
             started[k] = True
             reason, matched = finish_reason(meta)
             if reason is not None:
                 metas[k] = meta
-                yield self._chunk(CompletionChoice(index=k, text="", finish_reason=reason, matched_stop=matched))
+                yield self._chunk(CompletionChoice(index=k, text="", finish_reason=reason, matched_stop=matched), usage)
         if self.req.stream_options is not None and self.req.stream_options.include_usage:
             yield self._chunk(None, usage_info(metas, self.n))  # type: ignore[arg-type]
 

@@ -55,9 +55,15 @@ class _Strict(BaseModel):
 
 
 class StreamOptions(_Strict):
-    """``stream_options``: ``include_usage`` adds a final chunk with ``choices: []`` and ``usage``."""
+    """``stream_options``: ``include_usage`` adds a final chunk with ``choices: []`` and ``usage``;
+    with ``continuous_usage_stats`` as well (vLLM's and SGLang's extra) every chunk also carries the
+    usage so far (completion tokens up to that chunk)."""
 
     include_usage: Optional[bool] = False
+    continuous_usage_stats: Optional[bool] = False
+
+    def continuous(self) -> bool:
+        return bool(self.include_usage and self.continuous_usage_stats)
 
 
 class _SamplingRequest(_Strict):

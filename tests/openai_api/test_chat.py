@@ -70,6 +70,22 @@ def test_grid_stream_equals_non_stream(client, tok, n, logprobs):
         assert chunks[-1].usage.prompt_tokens == prompt_tokens and chunks[-1].usage.completion_tokens == 4 * n
 
 
+def test_stream_continuous_usage_stats(client):
+    """vLLM / SGLang's stream_options.continuous_usage_stats: every chunk carries the usage so far
+    (completion tokens never decreasing), then the final usage chunk as with include_usage alone."""
+    kw = dict(messages=MESSAGES, max_tokens=5, temperature=0, n=2, stream=True)
+    chunks = list(_chat(client, stream_options={"include_usage": True, "continuous_usage_stats": True}, **kw))
+    assert all(ch.usage is not None for ch in chunks)
+    prompt = chunks[-1].usage.prompt_tokens
+    completions = [ch.usage.completion_tokens for ch in chunks]
+    assert completions == sorted(completions) and completions[0] == 0 and completions[-1] == 10
+    assert all(ch.usage.prompt_tokens == prompt and ch.usage.total_tokens == prompt + ch.usage.completion_tokens
+               for ch in chunks)
+    assert chunks[-1].choices == [] and all(ch.choices for ch in chunks[:-1])
+    plain = list(_chat(client, stream_options={"include_usage": True, "continuous_usage_stats": False}, **kw))
+    assert [ch.usage is not None for ch in plain] == [False] * (len(plain) - 1) + [True]
+
+
 def test_stream_raw_lines(stories_server):
     lines = sse_lines(stories_server, "/v1/chat/completions",
                       {"model": MODEL, "messages": MESSAGES, "max_tokens": 3, "stream": True})

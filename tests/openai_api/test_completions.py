@@ -83,6 +83,13 @@ def test_grid_stream_equals_non_stream(client, tok, n, echo, logprobs):
             # batch composition differs between the two runs: equal up to float noise
             assert got["token_logprobs"] == pytest.approx(c.logprobs.token_logprobs, abs=1e-4)
     usage_chunks = [ch for ch in chunks if ch.usage is not None]
+    if include_usage and not logprobs and not echo:  # vLLM / SGLang's continuous_usage_stats: usage so far on every chunk
+        cont = list(_create(client, stream=True, stream_options={"include_usage": True, "continuous_usage_stats": True},
+                            **kw))
+        assert all(ch.usage is not None for ch in cont)
+        done = [ch.usage.completion_tokens for ch in cont]
+        assert done == sorted(done) and done[-1] == full.usage.completion_tokens and done[0] >= 1
+        assert {ch.usage.prompt_tokens for ch in cont} == {full.usage.prompt_tokens}
     if include_usage:
         assert len(usage_chunks) == 1 and chunks[-1] is usage_chunks[0] and not chunks[-1].choices
         usage = usage_chunks[0].usage

@@ -12,6 +12,7 @@ from .helpers import endless, greedy, wait_idle
 
 def test_health_and_health_generate(http):
     assert http.get("/health").status_code == 200
+    assert http.head("/health").status_code == 200
     assert http.get("/health_generate").status_code == 200
 
 
