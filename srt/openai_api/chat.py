@@ -156,7 +156,8 @@ def _render_and_plan(ctx: ServingContext, req: ChatCompletionRequest) -> tuple[s
     tools = request_tools(req)
     mode, _ = tool_mode(req, tools)
     text = ctx.chat_template.render_text(req.messages, req.continue_final_message, req.chat_template_kwargs,
-                                         tools=tools if mode != "none" else None, tool_parser=ctx.tool_parser)
+                                         tools=tools if mode != "none" else None, tool_parser=ctx.tool_parser,
+                                         add_generation_prompt=req.add_generation_prompt is not False)
     reasoning, grammar_reasoning = None, None
     if ctx.reasoning is not None:
         inside = starts_in_reasoning(ctx.reasoning, text)

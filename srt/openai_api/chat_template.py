@@ -64,7 +64,7 @@ class ChatTemplate:
 
     def render_text(self, messages: list[ChatMessage], continue_final_message: Optional[bool] = None,
                     template_kwargs: Optional[dict[str, Any]] = None, tools: Optional[list[Any]] = None,
-                    tool_parser: Any = None) -> str:
+                    tool_parser: Any = None, add_generation_prompt: bool = True) -> str:
         """The prompt text of ``messages`` (the server tokenizes it off the event loop when large).
 
         Args:
@@ -74,6 +74,8 @@ class ChatTemplate:
             tools: ``FunctionTool`` list the prompt offers (None/empty: none).
             tool_parser: the ``ToolCallParser`` whose format the default rendering writes (needed
                 for tools or tool-use history with a template that does not know tools).
+            add_generation_prompt: open the assistant's turn (vLLM's field; default true); false
+                renders the conversation as it is (no effect when continuing the final message).
 
         Raises:
             OpenAIError(400): no template, a non-text content part, a bad prefill request, or a
@@ -105,7 +107,7 @@ class ChatTemplate:
             kwargs.pop(reserved, None)
         try:
             text = self.tokenizer.apply_chat_template(
-                plain, chat_template=self.template, tokenize=False, add_generation_prompt=not cont,
+                plain, chat_template=self.template, tokenize=False, add_generation_prompt=add_generation_prompt and not cont,
                 continue_final_message=cont, **kwargs)
         except OpenAIError:
             raise

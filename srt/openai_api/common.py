@@ -63,7 +63,8 @@ def native_sampling_params(req: Any, max_new_tokens: int, grammar: dict[str, str
         "top_k": req.top_k, "min_p": req.min_p, "frequency_penalty": req.frequency_penalty,
         "presence_penalty": req.presence_penalty, "repetition_penalty": req.repetition_penalty,
         "logit_bias": req.logit_bias, "ignore_eos": req.ignore_eos,
-        "skip_special_tokens": req.skip_special_tokens, "no_stop_trim": req.no_stop_trim, **grammar,
+        "skip_special_tokens": req.skip_special_tokens,
+        "no_stop_trim": req.no_stop_trim or req.include_stop_str_in_output or None, **grammar,
     }
     return {k: v for k, v in params.items() if v is not None}
 

@@ -97,6 +97,7 @@ class _SamplingRequest(_Strict):
     stop_token_ids: Optional[list[int]] = None
     skip_special_tokens: Optional[bool] = None
     no_stop_trim: Optional[bool] = None
+    include_stop_str_in_output: Optional[bool] = None  # vLLM's name for no_stop_trim
     regex: Optional[str] = None
     ebnf: Optional[str] = None
     rid: Optional[str] = None
@@ -259,6 +260,7 @@ class ChatCompletionRequest(_SamplingRequest):
     reasoning_effort: Optional[str] = None
     web_search_options: Optional[dict[str, Any]] = None
     continue_final_message: Optional[bool] = None
+    add_generation_prompt: Optional[bool] = None  # vLLM's: false renders no assistant-turn opener
     chat_template_kwargs: Optional[dict[str, Any]] = None
     # SGLang's (default true, what its router sends): reasoning_content is streamed as it is generated.
     stream_reasoning: Optional[bool] = None

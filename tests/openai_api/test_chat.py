@@ -70,6 +70,22 @@ def test_grid_stream_equals_non_stream(client, tok, n, logprobs):
         assert chunks[-1].usage.prompt_tokens == prompt_tokens and chunks[-1].usage.completion_tokens == 4 * n
 
 
+def test_vllm_extras_add_generation_prompt_and_include_stop_str_in_output(client, tok):
+    """vLLM's add_generation_prompt (false: no assistant-turn opener) and include_stop_str_in_output
+    (SGLang's no_stop_trim) are applied, not 400s."""
+    with_turn = _chat(client, max_tokens=2, temperature=0)
+    without = _chat(client, max_tokens=2, temperature=0, extra_body={"add_generation_prompt": False})
+    assert with_turn.usage.prompt_tokens == len(chat_prompt_ids(tok, MESSAGES, add_generation_prompt=True))
+    assert without.usage.prompt_tokens == len(chat_prompt_ids(tok, MESSAGES, add_generation_prompt=False))
+    assert without.usage.prompt_tokens < with_turn.usage.prompt_tokens
+    base = _chat(client, max_tokens=12, temperature=0).choices[0].message.content
+    stop = base.split()[2]
+    trimmed, kept = (_chat(client, max_tokens=12, temperature=0, stop=[stop], extra_body=extra).choices[0]
+                     for extra in ({}, {"include_stop_str_in_output": True}))
+    assert trimmed.finish_reason == kept.finish_reason == "stop"
+    assert kept.message.content == trimmed.message.content + stop and not trimmed.message.content.endswith(stop)
+
+
 def test_stream_continuous_usage_stats(client):
     """vLLM / SGLang's stream_options.continuous_usage_stats: every chunk carries the usage so far
     (completion tokens never decreasing), then the final usage chunk as with include_usage alone."""
