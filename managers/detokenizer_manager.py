@@ -99,6 +99,8 @@ class IncrementalDetokenizer:
         skip_special_tokens, spaces_between_special_tokens: passed to ``decode`` (see
             ``accepts_spaces_between_special_tokens`` for when the latter has any effect).
         no_stop_trim: keep the matched stop string / stop token text in the output.
+        include_stop_str: vLLM's include_stop_str_in_output: the text ends right after the matched
+            stop string (no_stop_trim keeps the rest of its last token too); a stop token's text is kept.
         traits: precomputed ``TokenizerTraits.of(tokenizer)`` (computed here when None).
 
     Invariants: the concatenation of everything ``step`` returns equals the final text, which is
@@ -115,6 +117,7 @@ class IncrementalDetokenizer:
         skip_special_tokens: bool = True,
         spaces_between_special_tokens: bool = True,
         no_stop_trim: bool = False,
+        include_stop_str: bool = False,
         traits: Optional[TokenizerTraits] = None,
         context_ids: Sequence[int] = (),
     ) -> None:
@@ -131,6 +134,7 @@ class IncrementalDetokenizer:
             context_ids.pop()
         self.stop_strs: tuple[str, ...] = tuple(s for s in (stop_strs or ()) if s)
         self.no_stop_trim = no_stop_trim
+        self.include_stop_str = include_stop_str and not no_stop_trim
         # ``context_ids`` (the prompt's last ids) lead ``output_ids`` so the first output token is
         # decoded as it reads after the prompt (its SentencePiece leading space, byte merges);
         # their own text is never returned.
@@ -218,6 +222,7 @@ class IncrementalDetokenizer:
             finish.type == "stop"
             and isinstance(matched, int)
             and not self.no_stop_trim
+            and not self.include_stop_str
             and end > self.num_context
             and self.output_ids[-1] == matched
         ):
@@ -234,7 +239,7 @@ class IncrementalDetokenizer:
             # min_new_tokens).
             cut = tail.rfind(matched)
             if cut >= 0:
-                tail = tail[:cut]
+                tail = tail[:cut + len(matched)] if self.include_stop_str else tail[:cut]
         self.decoded_text = self.decoded_text[: self.sent_offset] + tail
         self.sent_offset = len(self.decoded_text)
         return tail
@@ -291,6 +296,7 @@ class DetokenizerManager:
             skip_special_tokens=batch.skip_special_tokens[i],
             spaces_between_special_tokens=batch.spaces_between_special_tokens[i],
             no_stop_trim=batch.no_stop_trim[i],
+            include_stop_str=bool(batch.include_stop_str[i]) if i < len(batch.include_stop_str) else False,
             traits=self._traits,
             context_ids=batch.input_tail_ids[i] or (),
         )

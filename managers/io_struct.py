@@ -157,6 +157,8 @@ class BatchTokenOut(msgspec.Struct, tag=True, kw_only=True):
     # tokens they produced (accepted drafts + bonus tokens).
     spec_verify_ct: list[Optional[int]] = msgspec.field(default_factory=list)
     spec_accepted_tokens: list[int] = msgspec.field(default_factory=list)
+    # vLLM's include_stop_str_in_output per request (SamplingParams)
+    include_stop_str: list[bool] = msgspec.field(default_factory=list)
 
 
 class BatchStrOut(msgspec.Struct, tag=True, kw_only=True):

@@ -40,6 +40,7 @@ def build_batch_output(reqs: list[Req], stats: dict[str, int]) -> Optional[Batch
         out.skip_special_tokens.append(p.skip_special_tokens)
         out.spaces_between_special_tokens.append(p.spaces_between_special_tokens)
         out.no_stop_trim.append(p.no_stop_trim)
+        out.include_stop_str.append(p.include_stop_str_in_output)
         out.stop_strs.append(None if r.stop_strs_sent else r.stop_strs)
         out.input_tail_ids.append(None if r.stop_strs_sent else r.origin_input_ids[-DETOKENIZE_CONTEXT_TOKENS:])
         out.num_retractions.append(r.num_retractions)

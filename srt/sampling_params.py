@@ -49,6 +49,8 @@ class SamplingParams(msgspec.Struct, kw_only=True):
         logit_bias: token id (str or int) -> additive bias.
         sampling_seed: per-request seed; same seed + same prompt gives the same text in any batch.
         ignore_eos, skip_special_tokens, spaces_between_special_tokens, no_stop_trim: as SGLang.
+        include_stop_str_in_output: vLLM's: the text ends right after the matched stop string (where
+            no_stop_trim keeps the rest of the token that completed it); a stop token's text is kept.
         json_schema, regex, ebnf, structural_tag: grammar constraints (at most one);
             ``structural_tag`` is xgrammar's ``{"type": "structural_tag", "format": ...}`` as JSON
             text or an object (SGLang's field; what tool calling constrains with).
@@ -73,6 +75,7 @@ class SamplingParams(msgspec.Struct, kw_only=True):
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     no_stop_trim: bool = False
+    include_stop_str_in_output: bool = False
     json_schema: Optional[str] = None
     regex: Optional[str] = None
     ebnf: Optional[str] = None

@@ -64,7 +64,7 @@ def native_sampling_params(req: Any, max_new_tokens: int, grammar: dict[str, str
         "presence_penalty": req.presence_penalty, "repetition_penalty": req.repetition_penalty,
         "logit_bias": req.logit_bias, "ignore_eos": req.ignore_eos,
         "skip_special_tokens": req.skip_special_tokens,
-        "no_stop_trim": req.no_stop_trim or req.include_stop_str_in_output or None, **grammar,
+        "no_stop_trim": req.no_stop_trim, "include_stop_str_in_output": req.include_stop_str_in_output, **grammar,
     }
     return {k: v for k, v in params.items() if v is not None}
 

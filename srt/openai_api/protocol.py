@@ -97,7 +97,7 @@ class _SamplingRequest(_Strict):
     stop_token_ids: Optional[list[int]] = None
     skip_special_tokens: Optional[bool] = None
     no_stop_trim: Optional[bool] = None
-    include_stop_str_in_output: Optional[bool] = None  # vLLM's name for no_stop_trim
+    include_stop_str_in_output: Optional[bool] = None  # vLLM's: the text ends right after the stop string
     regex: Optional[str] = None
     ebnf: Optional[str] = None
     rid: Optional[str] = None

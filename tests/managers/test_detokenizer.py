@@ -236,9 +236,10 @@ def test_spaces_between_special_tokens_passed_when_declared():
 # ---------------------------------------------------------------- stop strings and stop tokens
 
 
-def _run_like_scheduler(tokenizer, ids, stops, chunk_sizes=None, no_stop_trim=False):
+def _run_like_scheduler(tokenizer, ids, stops, chunk_sizes=None, no_stop_trim=False, include_stop_str=False):
     """Feed ``ids`` and finish where a scheduler would (first stop-string match), as it does."""
-    det = IncrementalDetokenizer(tokenizer, stop_strs=stops, no_stop_trim=no_stop_trim)
+    det = IncrementalDetokenizer(tokenizer, stop_strs=stops, no_stop_trim=no_stop_trim,
+                                 include_stop_str=include_stop_str)
     outs, i = [], 0
     sizes = iter(chunk_sizes or [])
     while i < len(ids):
@@ -299,6 +300,33 @@ def test_no_stop_trim_keeps_stop_string(stories):
     outs, det = _run_like_scheduler(stories, ids, ["END"], no_stop_trim=True)
     assert "".join(outs) == "The dog said END"
     assert outs[-2:] == ["N", "D"]  # nothing held back: nothing will be cut
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_include_stop_str_ends_the_text_right_after_the_stop_string(tok, seed):
+    """vLLM's include_stop_str_in_output: the stop string stays, the rest of the token that completed
+    it does not (no_stop_trim keeps that too), and nothing past it is ever streamed."""
+    rng = random.Random(seed)
+    # a stop string that ends one character into a multi-character token of this tokenizer
+    text = "Once upon a time Lily found a shiny stone in the garden"
+    full = _ids(tok, text)
+    k = next(k for k in range(3, len(full)) if len(tok.decode(full[:k + 1])) - len(tok.decode(full[:k])) >= 2
+             and tok.decode(full[:k + 1])[len(tok.decode(full[:k]))].isalpha())
+    edge = len(tok.decode(full[:k])) + 1  # one character into token k
+    inside = text[edge - 4:edge]
+    assert inside not in text[:edge - 1]
+    cut_inside_a_token = []
+    for text, stop, want in [("The dog said ENDING now", "END", "The dog said END"),
+                             ("Hello 世界 and more", "世", "Hello 世"), (text, inside, text[:edge])]:
+        ids = _ids(tok, text)
+        sizes = [rng.randint(1, 4) for _ in ids]
+        outs, det = _run_like_scheduler(tok, ids, [stop], sizes, include_stop_str=True)
+        assert "".join(outs) == det.text == want
+        assert stop not in "".join(outs[:-1])  # held back until the finish, as when trimming
+        kept, _ = _run_like_scheduler(tok, ids, [stop], sizes, no_stop_trim=True)
+        assert "".join(kept).startswith(want)
+        cut_inside_a_token.append("".join(kept) != want)
+    assert any(cut_inside_a_token)  # some stop string ends inside a token: the two flags differ there
 
 
 @pytest.mark.parametrize("skip", [True, False])
