@@ -110,7 +110,9 @@ def test_half_precision_pool(dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])  # bf16: the pair tile path where the CPU has it
 def test_a_token_gets_the_same_bits_in_prefill_chunk_decode_and_any_batch(dtype):
     """Deterministic inference by construction: the same token's output from (a) a whole prefill in a
-    batch with others, (b) a prefill chunk after a cached prefix, (c) a decode step, is bitwise equal."""
+    batch with others, (b) a prefill chunk after a cached prefix, (c) a decode step, is bitwise equal.
+    On the AMX path these calls also cut the rows into items of different sizes (64, 32 and 16 rows:
+    item_rows follows the batch's rows), which must not change a row's bits either."""
     heads, kvh, d = 9, 3, 64
     setup = setup_for(1, kvh, d, dtype=dtype)
     n = 170

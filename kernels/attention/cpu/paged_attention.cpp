@@ -5,7 +5,7 @@
 // req_to_token / FlashInfer's paged-KV indices). The new tokens' K/V are written into the pool first
 // (KVPool.set_kv), so one call does the store and the attention.
 //
-// Work items are (request, KV head, tile of up to TILE query rows), run in torch's OpenMP pool
+// Work items are (request, KV head, tile of up to TILE query rows; AMX: up to AMX_ITEM_ROWS), run in torch's OpenMP pool
 // (at::parallel_for, so the thread count and wait policy are the process's), each thread on its own
 // list first and then on the others' leftovers (work_stealing.h). An item computes the
 // rows x G (= H / KVH) query vectors that share the KV head, so a K/V row is loaded once for all of
@@ -52,6 +52,7 @@ namespace {
 using Vec = at::vec::Vectorized<float>;
 constexpr int64_t BLOCK = 128;   // keys per softmax block
 constexpr int64_t TILE = 16;     // query rows of one request per work item (they share K/V loads)
+constexpr int64_t AMX_ITEM_ROWS = 64;  // up to this many on the AMX path (see attention_kernel)
 constexpr int64_t SHARED_TILE = 128;  // query rows (any requests of a group) per cascade work item
 
 // Row of D elements as fp32: fp32 rows are used in place, others converted into `buf`.
@@ -613,13 +614,23 @@ void attention_kernel(const at::Tensor& q, const at::Tensor& k_cache, const at::
   // bf16 pools on the pair tile path (pair_tile_attention.h) where the CPU has AMX-BF16 or AVX512-BF16.
   const bool amx = std::is_same_v<T, at::BFloat16> && use_amx_attention(d);
   const bool dp = std::is_same_v<T, at::BFloat16> && use_dp_attention(d);
-  // Items of at most TILE query rows; assigned to threads longest-first onto the least-loaded
-  // thread (LPT), so long prefills do not leave a thread idle.
+  // Items of at most item_rows query rows; assigned to threads longest-first onto the least-loaded
+  // thread (LPT), so long prefills do not leave a thread idle. On the AMX path an item re-lays every
+  // key block it reads (K pair-transposed, V in pairs of keys) once for all its rows, so up to
+  // AMX_ITEM_ROWS rows share that work (the kernel on a 512-row chunk after 2-8k cached keys: 0.75-0.81x
+  // the time of 16-row items; 16 requests x 32 rows after 512 keys, no cascade: 0.85x; an 8,000-token
+  // prefill end to end 0.81-0.99x; docs/benchmarks.md), but no more than a quarter of
+  // one thread's share of the (row, KV head) pairs, so a short extend still makes items for every
+  // thread. Which rows share an item does not change any row's bits.
+  const int64_t item_rows =
+      amx ? std::clamp<int64_t>((q.size(0) * kvh / (4 * std::max(1, at::get_num_threads())) + 15) / 16 * 16, TILE,
+                                AMX_ITEM_ROWS)
+          : TILE;
   std::vector<Item> items;
   for (int64_t b = 0; b < bs; ++b) {
     for (int64_t h = 0; h < kvh; ++h) {
-      for (int64_t r0 = 0; r0 < ext[b]; r0 += TILE) {
-        const int64_t n = std::min(TILE, ext[b] - r0);
+      for (int64_t r0 = 0; r0 < ext[b]; r0 += item_rows) {
+        const int64_t n = std::min(item_rows, ext[b] - r0);
         items.push_back({b, h, r0, n, n * (pre[b] + r0 + n - key_begin[b]) + 64});
       }
     }
@@ -719,7 +730,7 @@ void attention_kernel(const at::Tensor& q, const at::Tensor& k_cache, const at::
     if constexpr (std::is_same_v<T, at::BFloat16>) {
       auto run_tiles = [&](auto engine) {
         using Tiles = decltype(engine);
-        TileScratch& sc = tile_scratch(TILE * group, d, Tiles::kRowMultiple);
+        TileScratch& sc = tile_scratch(item_rows * group, d, Tiles::kRowMultiple);
         run(item_runner([&](const Item& it) {
           attend_item_tiles<Tiles>(it, qp, kp, vp, table + rows[it.b] * ctx, pre[it.b], key_begin[it.b], q_start[it.b],
                                    heads, group, d, slots, static_cast<float>(scaling), st, op, sc);

@@ -199,7 +199,7 @@ inline void attend_item_tiles(const Item& it, const at::BFloat16* qp, const at::
                             const int64_t* slot_row, int64_t prefix, int64_t key_begin, int64_t q_row0, int64_t heads,
                             int64_t group, int64_t d, int64_t slots, float scaling, RowState st, at::BFloat16* op,
                             TileScratch& sc) {
-  int64_t qrows[TILE], lens[TILE];
+  int64_t qrows[AMX_ITEM_ROWS], lens[AMX_ITEM_ROWS];  // an item has at most AMX_ITEM_ROWS rows (TILE off AMX)
   for (int64_t r = 0; r < it.rows; ++r) {
     qrows[r] = q_row0 + it.row0 + r;
     lens[r] = prefix + it.row0 + r + 1;
