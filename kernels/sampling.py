@@ -259,10 +259,11 @@ def apply_logits_processors(logits: torch.Tensor, info: SamplingBatchInfo,
                             vocab_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Apply penalties, min_new_tokens, grammar mask and logit_bias to ``logits`` in place.
 
-    Order (vLLM's): repetition_penalty (a seen token's logit divided by it when positive, multiplied
-    when not; HF's RepetitionPenaltyLogitsProcessor), frequency/presence penalties (``logit -= freq * count + pres * (count > 0)``, counts
-    over output tokens only), EOS/stop ids -> -inf before min_new_tokens, ``vocab_mask``
-    (disallowed -> -inf), logit_bias (added). With none of them this is a no-op.
+    Order (vLLM's): repetition_penalty (a logit of a token seen in the prompt or output divided by it
+    when positive, multiplied when not; HF's RepetitionPenaltyLogitsProcessor), frequency/presence
+    penalties (``logit -= freq * count + pres * (count > 0)``, counts over output tokens only),
+    EOS/stop ids -> -inf before min_new_tokens, ``vocab_mask`` (disallowed -> -inf), logit_bias
+    (added). With none of them this is a no-op.
 
     Args:
         logits: (bs, V) float32, modified in place.

@@ -201,7 +201,8 @@ class _ChatState:
         total = len(prep.msgs)
         continuous = self.req.stream_options is not None and self.req.stream_options.continuous()
         latest: list[Optional[dict]] = [None] * total  # each choice's last meta_info (continuous usage)
-        opening = usage_info([{"prompt_tokens": len(self.prompt_ids)}], 1) if continuous else None  # nothing generated yet
+        # the role chunks come before any output: the prompt's tokens only
+        opening = usage_info([{"prompt_tokens": len(self.prompt_ids)}], 1) if continuous else None
         for k in range(total):
             yield self._chunk(ChatStreamChoice(index=k, delta=DeltaMessage(role="assistant", content="")), opening)
         sent_text, sent_lps = [0] * total, [0] * total

@@ -107,7 +107,8 @@ class ChatTemplate:
             kwargs.pop(reserved, None)
         try:
             text = self.tokenizer.apply_chat_template(
-                plain, chat_template=self.template, tokenize=False, add_generation_prompt=add_generation_prompt and not cont,
+                plain, chat_template=self.template, tokenize=False,
+                add_generation_prompt=add_generation_prompt and not cont,
                 continue_final_message=cont, **kwargs)
         except OpenAIError:
             raise

@@ -5,10 +5,10 @@
 // req_to_token / FlashInfer's paged-KV indices). The new tokens' K/V are written into the pool first
 // (KVPool.set_kv), so one call does the store and the attention.
 //
-// Work items are (request, KV head, tile of up to TILE query rows; AMX: up to AMX_ITEM_ROWS), run in torch's OpenMP pool
-// (at::parallel_for, so the thread count and wait policy are the process's), each thread on its own
-// list first and then on the others' leftovers (work_stealing.h). An item computes the
-// rows x G (= H / KVH) query vectors that share the KV head, so a K/V row is loaded once for all of
+// Work items are (request, KV head, tile of up to TILE query rows; AMX: up to AMX_ITEM_ROWS), run in
+// torch's OpenMP pool (at::parallel_for, so the thread count and wait policy are the process's), each
+// thread on its own list first and then on the others' leftovers (work_stealing.h). An item computes
+// the rows x G (= H / KVH) query vectors that share the KV head, so a K/V row is loaded once for all of
 // them, in blocks of BLOCK keys:
 // scores = q . k (fp32; K transposed per block so a vector of keys' scores is one chain of FMAs, with up
 // to 4 query vectors of a row sharing each K and V load), a running max and normaliser per head (online softmax, Milakov & Gimelshein 2018; FlashDecoding),
