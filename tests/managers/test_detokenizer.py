@@ -310,9 +310,11 @@ def test_include_stop_str_ends_the_text_right_after_the_stop_string(tok, seed):
     # a stop string that ends one character into a multi-character token of this tokenizer
     text = "Once upon a time Lily found a shiny stone in the garden"
     full = _ids(tok, text)
-    k = next(k for k in range(3, len(full)) if len(tok.decode(full[:k + 1])) - len(tok.decode(full[:k])) >= 2
-             and tok.decode(full[:k + 1])[len(tok.decode(full[:k]))].isalpha())
-    edge = len(tok.decode(full[:k])) + 1  # one character into token k
+    def ends_inside(k: int) -> Optional[int]:  # a text offset inside token k, just after a letter
+        pre, piece = len(tok.decode(full[:k])), tok.decode(full[:k + 1])[len(tok.decode(full[:k])):]
+        return next((pre + j for j in range(1, len(piece)) if piece[j - 1].isalpha()), None)
+
+    edge = next(e for e in (ends_inside(k) for k in range(3, len(full))) if e is not None)
     inside = text[edge - 4:edge]
     assert inside not in text[:edge - 1]
     cut_inside_a_token = []
