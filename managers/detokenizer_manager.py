@@ -296,7 +296,7 @@ class DetokenizerManager:
             skip_special_tokens=batch.skip_special_tokens[i],
             spaces_between_special_tokens=batch.spaces_between_special_tokens[i],
             no_stop_trim=batch.no_stop_trim[i],
-            include_stop_str=bool(batch.include_stop_str[i]) if i < len(batch.include_stop_str) else False,
+            include_stop_str=batch.include_stop_str[i],
             traits=self._traits,
             context_ids=batch.input_tail_ids[i] or (),
         )

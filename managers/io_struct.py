@@ -139,6 +139,7 @@ class BatchTokenOut(msgspec.Struct, tag=True, kw_only=True):
     skip_special_tokens: list[bool]
     spaces_between_special_tokens: list[bool]
     no_stop_trim: list[bool]
+    include_stop_str: list[bool]  # vLLM's include_stop_str_in_output (SamplingParams)
     # Stop strings of each request, sent with its first entry only (None afterwards): the
     # detokenizer holds back streamed text that could still become a stop string.
     stop_strs: list[Optional[list[str]]]
@@ -157,8 +158,6 @@ class BatchTokenOut(msgspec.Struct, tag=True, kw_only=True):
     # tokens they produced (accepted drafts + bonus tokens).
     spec_verify_ct: list[Optional[int]] = msgspec.field(default_factory=list)
     spec_accepted_tokens: list[int] = msgspec.field(default_factory=list)
-    # vLLM's include_stop_str_in_output per request (SamplingParams)
-    include_stop_str: list[bool] = msgspec.field(default_factory=list)
 
 
 class BatchStrOut(msgspec.Struct, tag=True, kw_only=True):

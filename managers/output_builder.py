@@ -16,7 +16,8 @@ def build_batch_output(reqs: list[Req], stats: dict[str, int]) -> Optional[Batch
     """
     out = BatchTokenOut(rids=[], output_ids=[], cached_tokens_details=[], finished_reasons=[], prompt_tokens=[], completion_tokens=[],
                         cached_tokens=[], skip_special_tokens=[], spaces_between_special_tokens=[],
-                        no_stop_trim=[], stop_strs=[], input_tail_ids=[], output_token_logprobs=[], output_top_logprobs=[],
+                        no_stop_trim=[], include_stop_str=[], stop_strs=[], input_tail_ids=[],
+                        output_token_logprobs=[], output_top_logprobs=[],
                         input_token_logprobs=[], input_token_ids=[], input_top_logprobs=[], num_retractions=[])
     for r in reqs:
         new_ids = r.output_ids[r.num_sent:]

@@ -232,8 +232,9 @@ class TokenizerManager:
             # With a sampling_seed, copy j samples with seed + j (as /v1 gives choice j): n copies of one
             # seed would be n identical samples.
             seed = params.sampling_seed
-            msgs.extend(msg(i, ids, msgspec.structs.replace(params, n=1, sampling_seed=None if seed is None else seed + j),
-                            f"{base_rids[i]}_{j}", req.stream) for j in range(n))
+            copies = (msgspec.structs.replace(params, n=1, sampling_seed=None if seed is None else seed + j)
+                      for j in range(n))
+            msgs.extend(msg(i, ids, p, f"{base_rids[i]}_{j}", req.stream) for j, p in enumerate(copies))
         seen: set[str] = set()
         for m in warmups + msgs:
             if m.rid in seen:

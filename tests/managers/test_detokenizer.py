@@ -391,6 +391,7 @@ def _batch(entries: list[dict]) -> BatchTokenOut:
         skip_special_tokens=col("skip", True),
         spaces_between_special_tokens=[True] * n,
         no_stop_trim=col("no_stop_trim", False),
+        include_stop_str=[False] * n,
         stop_strs=col("stops", None),
         input_tail_ids=col("context", None),
         output_token_logprobs=[None] * n,

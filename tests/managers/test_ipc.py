@@ -31,6 +31,7 @@ def _token_out(rid: str = "r1", ids: list[int] | None = None, finish=None) -> io
         skip_special_tokens=[True],
         spaces_between_special_tokens=[True],
         no_stop_trim=[False],
+        include_stop_str=[False],
         stop_strs=[["END"]],
         input_tail_ids=[[1, 5]],
         output_token_logprobs=[[-0.5, -1.25]],
