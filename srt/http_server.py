@@ -40,6 +40,7 @@ from radixlm.managers.data_parallel_controller import merge_internal_states
 from radixlm.managers.tokenizer_manager import ClientDisconnected, GenerateRequest, RequestError, TokenizerManager
 from radixlm.managers.validation import InvalidRequestError
 from radixlm.srt.errors import native_error_body
+from radixlm.srt.json_body import parse_json_body
 from radixlm.srt.openai_api.common import validation_message
 from radixlm.srt.openapi_spec import install_openapi
 from radixlm.srt.openai_api.protocol import openai_error_body
@@ -280,7 +281,7 @@ def create_app(tm: TokenizerManager, server_args: Any, model_info: dict, metrics
     @app.api_route("/generate", methods=["POST", "PUT"])
     async def generate(request: Request) -> Response:
         # Parsed by hand so a body sent without a JSON content type (curl -d) still works.
-        obj = GenerateReqInput.model_validate_json(await request.body())
+        obj = parse_json_body(GenerateReqInput, await request.body())
         prep = await tm.prepare(obj.to_request())
         tm.check_admission(prep)
         if obj.stream:
@@ -348,7 +349,7 @@ def create_app(tm: TokenizerManager, server_args: Any, model_info: dict, metrics
 
     @app.post("/abort_request")
     async def abort_request(request: Request) -> Response:
-        obj = AbortReqInput.model_validate_json(await request.body())
+        obj = parse_json_body(AbortReqInput, await request.body())
         if not obj.abort_all and not obj.rid:
             raise InvalidRequestError("give a rid (prefix) to abort, or abort_all: true")
         tm.abort(obj.rid, obj.abort_all)

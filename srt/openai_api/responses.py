@@ -49,6 +49,7 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic import TypeAdapter, ValidationError
 
 from radixlm.managers.tokenizer_manager import ClientDisconnected
+from radixlm.srt.json_body import parse_json_body
 from radixlm.srt.openai_api.chat import PreparedChat, prepare_chat
 from radixlm.srt.openai_api.chat_output import ChoiceOutput
 from radixlm.srt.openai_api.common import RESPONSES_PARAM_NAMES, ServingContext, error_body, finish_reason, \
@@ -119,9 +120,14 @@ def delete(store: ResponseStore, response_id: str) -> Response:
 
 # ---- request parsing and errors -------------------------------------------------------------------------
 def parse_request(body: bytes) -> ResponsesRequest:
-    """The request, or an OpenAI 400 whose ``param`` is the Responses field (union tags removed)."""
+    """The request, or an OpenAI 400 whose ``param`` is the Responses field (union tags removed).
+
+    Raises:
+        OpenAIError(400): the body does not validate.
+        UnpairedSurrogateError(400): a string of the body holds a lone UTF-16 surrogate.
+    """
     try:
-        return ResponsesRequest.model_validate_json(body)
+        return parse_json_body(ResponsesRequest, body)
     except ValidationError as e:
         message, param = validation_message([_without_tags(err) for err in e.errors()])
         raise OpenAIError(message, 400, param) from None

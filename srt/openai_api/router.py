@@ -28,6 +28,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from radixlm.managers.tokenizer_manager import ClientDisconnected
+from radixlm.srt.json_body import parse_json_body
 from radixlm.srt.openai_api.chat import create_chat_completion
 from radixlm.srt.openai_api.chat_template import ChatTemplate
 from radixlm.srt.openai_api.common import (CHAT_PARAM_NAMES, COMPLETION_PARAM_NAMES, RESPONSES_PARAM_NAMES,
@@ -133,13 +134,13 @@ def create_openai_router(tm: Any, server_args: Any, model_info: dict, tokenizer:
     @router.post("/v1/completions")
     @_openai_errors(COMPLETION_PARAM_NAMES)
     async def completions(request: Request) -> Response:
-        req = CompletionRequest.model_validate_json(await request.body())
+        req = parse_json_body(CompletionRequest, await request.body())
         return await create_completion(ctx, req, request)
 
     @router.post("/v1/chat/completions")
     @_openai_errors(CHAT_PARAM_NAMES)
     async def chat_completions(request: Request) -> Response:
-        req = ChatCompletionRequest.model_validate_json(await request.body())
+        req = parse_json_body(ChatCompletionRequest, await request.body())
         return await create_chat_completion(ctx, req, request)
 
     store = responses.ResponseStore(int(getattr(server_args, "responses_store_size", responses.DEFAULT_STORE_SIZE)))

@@ -7,6 +7,8 @@ import httpx
 import openai
 import pytest
 
+from tests.server.helpers import assert_pool_free_after_flush
+
 from .conftest import MODEL
 
 LONG_IDS = list(range(5, 505)) * 5  # 2500 tokens > the 2048-token context
@@ -167,6 +169,34 @@ def test_bad_request(http, case, path, body, status, text, param):
     err = _assert_openai_error(http.post(path, json={"model": MODEL, **body}), status, text, param)
     assert err["type"] == "invalid_request_error"
     assert http.get("/health").status_code == 200
+
+
+# A lone UTF-16 surrogate escape (valid JSON, not Unicode): a 400 naming the field, not a codec message.
+SURROGATES = [
+    (COMPLETIONS, rb'{"prompt": "abc\ud800", "max_tokens": 2}', "prompt", "\\ud800 at character 3"),
+    (COMPLETIONS, rb'{"prompt": ["Lily", "\udc00"], "max_tokens": 2, "stream": true}', "prompt.1",
+     "\\udc00 at character 0"),
+    (CHAT, rb'{"messages": [{"role": "user", "content": "abc\ud800"}], "max_tokens": 2}', "messages.0.content",
+     "\\ud800 at character 3"),
+    (CHAT, rb'{"messages": [{"role": "user", "content": [{"type": "text", "text": "Hi\udbff"}]}], "stop": "x"}',
+     "messages.0.content.0.text", "\\udbff at character 2"),
+    ("/v1/responses", rb'{"input": "abc\ud800", "max_output_tokens": 2}', "input", "\\ud800 at character 3"),
+]
+
+
+@pytest.mark.parametrize("path,raw,param,where", SURROGATES, ids=[f"{p} {f}" for p, _, f, _ in SURROGATES])
+def test_lone_surrogate_is_a_400_naming_the_field(http, path, raw, param, where):
+    resp = http.post(path, content=raw, headers={"content-type": "application/json"})
+    assert resp.status_code == 400, resp.text
+    assert resp.json() == {"error": {"message": (
+        f"invalid request: {param}: the string contains an unpaired UTF-16 surrogate ({where}), which is not valid "
+        "Unicode; send the text as UTF-8, or escape a character above U+FFFF as a surrogate pair (\\ud83d\\ude00)"),
+        "type": "invalid_request_error", "param": param, "code": None}}
+    paired = http.post(COMPLETIONS, content=rb'{"prompt": "Lily \ud83d\ude00", "max_tokens": 2}',
+                       headers={"content-type": "application/json"})
+    assert paired.status_code == 200 and paired.json()["usage"]["completion_tokens"] == 2, paired.text
+    _healthy(http)
+    assert_pool_free_after_flush(http)
 
 
 def test_bad_stream_request_fails_before_streaming(http):

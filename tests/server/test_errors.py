@@ -9,7 +9,7 @@ import time
 import httpx
 import pytest
 
-from .helpers import BASE_ARGS, ENDLESS_ARGS, endless, greedy
+from .helpers import BASE_ARGS, ENDLESS_ARGS, assert_pool_free_after_flush, endless, greedy
 
 KEY = "test-secret"
 
@@ -78,6 +78,31 @@ def test_bad_input_is_400_with_message_then_server_still_works(http, body, needl
     message = resp.json()["error"]["message"]
     assert needle in message, message
     _ok(http)
+
+
+# A JSON escape of a lone UTF-16 surrogate is valid JSON but not Unicode (no tokenizer can encode it): a
+# 400 naming the field (issue: "malformed JSON body: unexpected end of hex escape at line 1 column 20").
+SURROGATES = [
+    (rb'{"text": "abc\ud800", "sampling_params": {"max_new_tokens": 2}}', "text", "\\ud800 at character 3"),
+    (rb'{"text": ["Lily", "x\udc00y"]}', "text.1", "\\udc00 at character 1"),
+    (rb'{"text": "Lily", "sampling_params": {"stop": ["a", "\udfff"]}}', "sampling_params.stop.1",
+     "\\udfff at character 0"),
+    (rb'{"text": "Lily", "stream": true, "rid": "r\ud83d"}', "rid", "\\ud83d at character 1"),
+]
+
+
+@pytest.mark.parametrize("raw,field,where", SURROGATES, ids=[f for _, f, _ in SURROGATES])
+def test_lone_surrogate_is_a_400_naming_the_field(http, raw, field, where):
+    resp = http.post("/generate", content=raw, headers={"content-type": "application/json"})
+    assert resp.status_code == 400, resp.text
+    assert resp.json() == {"error": {"message": (
+        f"invalid request: {field}: the string contains an unpaired UTF-16 surrogate ({where}), which is not valid "
+        "Unicode; send the text as UTF-8, or escape a character above U+FFFF as a surrogate pair (\\ud83d\\ude00)"),
+        "type": "invalid_request_error", "code": 400}}
+    paired = http.post("/generate", content=rb'{"text": "Lily \ud83d\ude00", "sampling_params": {"max_new_tokens": 2}}')
+    assert paired.status_code == 200 and paired.json()["meta_info"]["completion_tokens"] == 2, paired.text
+    _ok(http)
+    assert_pool_free_after_flush(http)
 
 
 def test_bad_streaming_request_is_a_plain_400(http):
