@@ -41,7 +41,7 @@ from radixlm.managers.response import ResponseAccumulator
 from radixlm.managers.validation import (InvalidRequestError, validate_generate_input, validate_logprob_start_len,
                                          validate_top_logprobs_num)
 from radixlm.srt.errors import native_error_body
-from radixlm.srt.sampling_params import SamplingParams, SamplingParamsError
+from radixlm.srt.sampling_params import SamplingParams, SamplingParamsError, copy_seed
 
 logger = logging.getLogger(__name__)
 
@@ -232,7 +232,7 @@ class TokenizerManager:
             # With a sampling_seed, copy j samples with seed + j (as /v1 gives choice j): n copies of one
             # seed would be n identical samples.
             seed = params.sampling_seed
-            copies = (msgspec.structs.replace(params, n=1, sampling_seed=None if seed is None else seed + j)
+            copies = (msgspec.structs.replace(params, n=1, sampling_seed=None if seed is None else copy_seed(seed, j))
                       for j in range(n))
             msgs.extend(msg(i, ids, p, f"{base_rids[i]}_{j}", req.stream) for j, p in enumerate(copies))
         seen: set[str] = set()

@@ -34,7 +34,7 @@ from pydantic.json_schema import models_json_schema
 
 from radixlm.managers.tokenizer_manager import MAX_SEQUENCES_PER_REQUEST
 from radixlm.srt.openai_api import protocol, responses_protocol
-from radixlm.srt.sampling_params import SamplingParams
+from radixlm.srt.sampling_params import INT64_MAX, INT64_MIN, SamplingParams
 
 JSON = "application/json"
 SSE = "text/event-stream"
@@ -126,7 +126,9 @@ def sampling_params_schema(context_len: int, vocab_size: Optional[int]) -> dict:
     token = {"type": "integer", "minimum": 0, **({"maximum": vocab_size - 1} if vocab_size else {})}
     typed = {name: {k: v for k, v in spec.items() if k not in ("default", "title")} for name, spec in fields.items()}
     typed["max_new_tokens"] = {"type": "integer", "minimum": 0, "maximum": context_len}
-    typed["top_k"] = {"anyOf": [{"const": -1}, {"type": "integer", "minimum": 1}]}
+    typed["top_k"] = {"anyOf": [{"const": -1}, {"type": "integer", "minimum": 1, "maximum": INT64_MAX}]}
+    typed["sampling_seed"] = {"type": "integer", "minimum": INT64_MIN, "maximum": INT64_MAX}
+    typed["stream_interval"] = {"type": "integer", "minimum": 1, "maximum": INT64_MAX}
     typed["stop_token_ids"] = {"type": "array", "items": token}
     typed["json_schema"] = {"anyOf": [{"type": "string"}, {"type": "object"}, {"type": "array"}]}
     typed["structural_tag"] = {"anyOf": [{"type": "string"}, {"type": "object"}]}

@@ -17,6 +17,16 @@ from typing import Any, Optional, Union
 import msgspec
 
 _GREEDY_TEMPERATURE = 1e-6
+# Integers cross to the scheduler as msgpack int64: a seed is a 64-bit signed integer (vLLM's range for
+# ``seed``), and no other integer field may exceed INT64_MAX (beyond it the request could not be sent).
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+def copy_seed(seed: int, j: int) -> int:
+    """The ``sampling_seed`` of copy ``j`` of an ``n > 1`` request: ``seed + j`` wrapped into
+    ``[INT64_MIN, INT64_MAX]``. The sampler takes seeds modulo 2**64, so the wrap changes no sample;
+    it keeps a seed near INT64_MAX encodable."""
+    return (seed + j - INT64_MIN) % (1 << 64) + INT64_MIN
 
 
 class SamplingParamsError(ValueError):
@@ -47,7 +57,8 @@ class SamplingParams(msgspec.Struct, kw_only=True):
         repetition_penalty: in (0, 2], 1 = off: a logit of a token already in the prompt or output
             is divided by it when positive, multiplied when not (HF / vLLM / SGLang semantics).
         logit_bias: token id (str or int) -> additive bias.
-        sampling_seed: per-request seed; same seed + same prompt gives the same text in any batch.
+        sampling_seed: per-request seed in [INT64_MIN, INT64_MAX]; same seed + same prompt gives the
+            same text in any batch.
         ignore_eos, skip_special_tokens, spaces_between_special_tokens, no_stop_trim: as SGLang.
         include_stop_str_in_output: vLLM's: the text ends right after the matched stop string (where
             no_stop_trim keeps the rest of the token that completed it); a stop token's text is kept.
@@ -140,8 +151,11 @@ class SamplingParams(msgspec.Struct, kw_only=True):
             raise SamplingParamsError(f"temperature must be >= 0, got {self.temperature}", "temperature")
         if not 0 < self.top_p <= 1:
             raise SamplingParamsError(f"top_p must be in (0, 1], got {self.top_p}", "top_p")
-        if self.top_k == 0 or self.top_k < -1:
-            raise SamplingParamsError(f"top_k must be -1 (disabled) or >= 1, got {self.top_k}", "top_k")
+        if not (self.top_k == -1 or 1 <= self.top_k <= INT64_MAX):
+            raise SamplingParamsError(f"top_k must be -1 (disabled) or in [1, {INT64_MAX}], got {self.top_k}", "top_k")
+        if self.sampling_seed is not None and not INT64_MIN <= self.sampling_seed <= INT64_MAX:
+            raise SamplingParamsError(f"sampling_seed must be in [{INT64_MIN}, {INT64_MAX}] (a 64-bit integer), "
+                                      f"got {self.sampling_seed}", "sampling_seed")
         if not 0 <= self.min_p <= 1:
             raise SamplingParamsError(f"min_p must be in [0, 1], got {self.min_p}", "min_p")
         for name in ("frequency_penalty", "presence_penalty"):
@@ -155,8 +169,9 @@ class SamplingParams(msgspec.Struct, kw_only=True):
             raise SamplingParamsError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}", "max_new_tokens")
         if self.min_new_tokens < 0:
             raise SamplingParamsError(f"min_new_tokens must be >= 0, got {self.min_new_tokens}", "min_new_tokens")
-        if self.stream_interval is not None and self.stream_interval < 1:
-            raise SamplingParamsError(f"stream_interval must be >= 1, got {self.stream_interval}", "stream_interval")
+        if self.stream_interval is not None and not 1 <= self.stream_interval <= INT64_MAX:
+            raise SamplingParamsError(f"stream_interval must be in [1, {INT64_MAX}], got {self.stream_interval}",
+                                      "stream_interval")
         if self.max_new_tokens is not None and self.min_new_tokens > self.max_new_tokens:
             raise SamplingParamsError(
                 f"min_new_tokens ({self.min_new_tokens}) must be <= max_new_tokens "

@@ -2,7 +2,7 @@
 context-length checks, ``GenerateRequest`` building (``n`` and ``seed``), finish reasons, usage,
 SSE framing and the exception -> OpenAI error mapping.
 
-``seed`` with ``n > 1``: choice ``j`` samples with ``sampling_seed = seed + j``, so the n choices
+``seed`` with ``n > 1``: choice ``j`` samples with ``sampling_seed = seed + j`` (``copy_seed``), so the n choices
 differ, choice 0 equals the same request with ``n = 1``, and every choice is reproducible alone or
 in any batch (the engine's per-request seeds do not depend on the batch).
 """
@@ -25,6 +25,7 @@ from radixlm.managers.prompt_tokenizer import PromptTooLongError
 from radixlm.managers.tokenizer_manager import ClientDisconnected, GenerateRequest, RequestError
 from radixlm.managers.validation import InvalidRequestError
 from radixlm.srt.openai_api.protocol import OpenAIError, PromptTokensDetails, UsageInfo, openai_error_body
+from radixlm.srt.sampling_params import copy_seed
 
 logger = logging.getLogger(__name__)
 
@@ -129,7 +130,7 @@ def generate_request(prompts: list[list[int]], params: dict[str, Any], n: int, s
     """One entry per prompt (or per prompt x choice when seeded); results come back prompt-major.
     ``timeout``: seconds the whole request may take (None: only the server's limit)."""
     if seed is not None and n > 1:
-        entries = [(ids, {**params, "sampling_seed": seed + j}) for ids in prompts for j in range(n)]
+        entries = [(ids, {**params, "sampling_seed": copy_seed(seed, j)}) for ids in prompts for j in range(n)]
     else:
         extra = {"n": n} if n > 1 else {}
         if seed is not None:

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from radixlm.srt.errors import error_type
+from radixlm.srt.sampling_params import INT64_MAX, INT64_MIN
 
 
 # ---- errors ----------------------------------------------------------------------------------------
@@ -54,6 +55,18 @@ class _Strict(BaseModel):
         return data
 
 
+def _seed_in_range(value: int) -> int:
+    if not INT64_MIN <= value <= INT64_MAX:
+        raise ValueError(f"must be in [{INT64_MIN}, {INT64_MAX}] (a 64-bit integer), got {value}")
+    return value
+
+
+# ``seed``: a 64-bit signed integer, as in vLLM (the native ``sampling_seed``'s range); outside it a 400
+# naming ``seed`` and the range.
+Seed = Annotated[int, AfterValidator(_seed_in_range), Field(json_schema_extra={"minimum": INT64_MIN,
+                                                                                "maximum": INT64_MAX})]
+
+
 class StreamOptions(_Strict):
     """``stream_options``: ``include_usage`` adds a final chunk with ``choices: []`` and ``usage``;
     with ``continuous_usage_stats`` as well (vLLM's and SGLang's extra) every chunk also carries the
@@ -76,7 +89,7 @@ class _SamplingRequest(_Strict):
     logit_bias: Optional[dict[str, Annotated[float, Field(ge=-100, le=100)]]] = None
     max_tokens: Optional[int] = Field(default=None, ge=1)
     n: Optional[int] = Field(default=None, ge=1, le=128)
-    seed: Optional[int] = None
+    seed: Optional[Seed] = None
     stop: Optional[Union[str, list[str]]] = None
     stream: Optional[bool] = False
     stream_options: Optional[StreamOptions] = None

@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
-from radixlm.srt.openai_api.protocol import _Strict
+from radixlm.srt.openai_api.protocol import Seed, _Strict
 
 # OpenAI's built-in tools and the items they produce: parsed, then refused by the handler.
 BUILTIN_TOOL_TYPES = ("file_search", "web_search", "web_search_2025_08_26", "web_search_preview",
@@ -245,7 +245,7 @@ class ResponsesRequest(_Strict):
     min_p: Optional[float] = None
     frequency_penalty: Optional[float] = Field(default=None, ge=-2, le=2)
     presence_penalty: Optional[float] = Field(default=None, ge=-2, le=2)
-    seed: Optional[int] = None
+    seed: Optional[Seed] = None
     stop: Optional[Union[str, list[str]]] = None
     stop_token_ids: Optional[list[int]] = None
     min_tokens: Optional[int] = Field(default=None, ge=0)

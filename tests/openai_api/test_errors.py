@@ -111,6 +111,16 @@ CASES = [
      "function_call"),
     ("web search", CHAT, {"messages": USER, "web_search_options": {}}, 400, "web search", "web_search_options"),
     ("store of wrong type", CHAT, {"messages": USER, "store": "yes"}, 400, "valid boolean", "store"),
+    # integers beyond int64 (issue: "a value of the request is out of range: can't serialize ints ...", param null)
+    ("huge seed", COMPLETIONS, {"prompt": "Lily", "seed": 10**23}, 400,
+     f"invalid request: seed: must be in [-9223372036854775808, 9223372036854775807] (a 64-bit integer), got {10**23}",
+     "seed"),
+    ("huge negative seed", CHAT, {"messages": USER, "seed": -10**23}, 400,
+     f"seed: must be in [-9223372036854775808, 9223372036854775807] (a 64-bit integer), got {-10**23}", "seed"),
+    ("responses huge seed", "/v1/responses", {"input": "Hi", "seed": 2**63}, 400,
+     f"seed: must be in [-9223372036854775808, 9223372036854775807] (a 64-bit integer), got {2**63}", "seed"),
+    ("huge top_k", CHAT, {"messages": USER, "top_k": 10**23}, 400,
+     f"top_k must be -1 (disabled) or in [1, 9223372036854775807], got {10**23}", "top_k"),
 ]
 
 # Fields that standard clients and frameworks send, which change nothing here: accepted (issue: the
@@ -196,6 +206,19 @@ def test_lone_surrogate_is_a_400_naming_the_field(http, path, raw, param, where)
                        headers={"content-type": "application/json"})
     assert paired.status_code == 200 and paired.json()["usage"]["completion_tokens"] == 2, paired.text
     _healthy(http)
+    assert_pool_free_after_flush(http)
+
+
+def test_seeds_at_the_ends_of_the_64_bit_range_sample(http):
+    """The largest seed with n = 2: choice 1 samples with seed + 1 wrapped to the smallest seed (the
+    sampler takes seeds modulo 2**64), so it equals n = 1 with that seed."""
+    body = {"model": MODEL, "prompt": "Lily", "max_tokens": 8, "temperature": 1.0, "ignore_eos": True}
+    pair = http.post(COMPLETIONS, json={**body, "seed": 2**63 - 1, "n": 2})
+    assert pair.status_code == 200, pair.text
+    lowest = http.post(COMPLETIONS, json={**body, "seed": -2**63})
+    assert lowest.status_code == 200, lowest.text
+    texts = [c["text"] for c in pair.json()["choices"]]
+    assert texts[1] == lowest.json()["choices"][0]["text"] and texts[0] != texts[1]
     assert_pool_free_after_flush(http)
 
 

@@ -125,6 +125,7 @@ SCHEMA_INVALID = [
         {"min_p": 2}, {"frequency_penalty": 3}, {"repetition_penalty": 0}, {"n": 0}, {"n": 1025}, {"n": "2"},
         {"ignore_eos": 1}, {"ignore_eos": "true"}, {"stop": 5}, {"stop": [1]}, {"stop_token_ids": [VOCAB]},
         {"stop_token_ids": [-1]}, {"logit_bias": {"1": "x"}}, {"temperatur": 0.5}, {"regex": 5}, "greedy", [1],
+        {"sampling_seed": 2**63}, {"sampling_seed": -2**63 - 1}, {"top_k": 2**63}, {"stream_interval": 2**63},
     ]),
 ]
 SCHEMA_VALID = [
@@ -133,6 +134,8 @@ SCHEMA_VALID = [
     {"text": "a", "sampling_params": {"max_new_tokens": 4, "temperature": 0, "top_k": -1, "n": 2, "stop": ["x"],
                                       "ignore_eos": True, "unknown_but_null": None, "json_schema": {"type": "string"}}},
     {"text": "a", "sampling_params": {"temperature": 1, "top_p": 1, "min_p": 0, "stop_token_ids": [0, VOCAB - 1]}},
+    {"text": "a", "sampling_params": {"sampling_seed": 2**63 - 1, "n": 2}},
+    {"text": "a", "sampling_params": {"sampling_seed": -2**63}},
     {"text": ["a", "b"], "sampling_params": [{"max_new_tokens": 1}, None], "rid": ["x", "y"]},
 ]
 

@@ -105,6 +105,39 @@ def test_lone_surrogate_is_a_400_naming_the_field(http, raw, field, where):
     assert_pool_free_after_flush(http)
 
 
+BIG = 10**23  # beyond int64: the wire to the scheduler cannot carry it
+INT64 = "[-9223372036854775808, 9223372036854775807]"
+# (case, sampling_params, the whole message): the field sent and its allowed range (issue: a huge seed was
+# "a value of the request is out of range: can't serialize ints < -2**63 or > 2**64 - 1", no field named).
+HUGE_INTS = [
+    ("sampling_seed", {"sampling_seed": BIG}, f"sampling_seed must be in {INT64} (a 64-bit integer), got {BIG}"),
+    ("negative sampling_seed", {"sampling_seed": -BIG},
+     f"sampling_seed must be in {INT64} (a 64-bit integer), got {-BIG}"),
+    ("top_k", {"top_k": BIG}, f"top_k must be -1 (disabled) or in [1, 9223372036854775807], got {BIG}"),
+    ("stream_interval", {"stream_interval": BIG}, f"stream_interval must be in [1, 9223372036854775807], got {BIG}"),
+]
+
+
+@pytest.mark.parametrize("params,message", [c[1:] for c in HUGE_INTS], ids=[c[0] for c in HUGE_INTS])
+def test_huge_integer_is_a_400_naming_the_field_and_its_range(http, params, message):
+    resp = http.post("/generate", json={"input_ids": [1, 400, 401], "sampling_params": {"max_new_tokens": 2, **params}})
+    assert resp.status_code == 400, resp.text
+    assert resp.json()["error"]["message"] == message
+    _ok(http)
+
+
+def test_seeds_at_the_ends_of_the_64_bit_range_sample(http):
+    """The largest seed with n = 2: copy 1 samples with seed + 1 wrapped to the smallest seed (the
+    sampler takes seeds modulo 2**64), so it equals a single request with that seed."""
+    sp = {"max_new_tokens": 8, "temperature": 1.0, "ignore_eos": True}
+    pair = http.post("/generate", json={"text": "Lily", "sampling_params": {**sp, "sampling_seed": 2**63 - 1, "n": 2}})
+    assert pair.status_code == 200, pair.text
+    lowest = http.post("/generate", json={"text": "Lily", "sampling_params": {**sp, "sampling_seed": -2**63}})
+    assert lowest.status_code == 200, lowest.text
+    assert pair.json()[1]["text"] == lowest.json()["text"] and pair.json()[0]["text"] != pair.json()[1]["text"]
+    assert_pool_free_after_flush(http)
+
+
 def test_bad_streaming_request_is_a_plain_400(http):
     resp = http.post("/generate", json={"text": "a", "stream": True, "sampling_params": {"top_p": 0}})
     assert resp.status_code == 400 and "top_p" in resp.json()["error"]["message"]
