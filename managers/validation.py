@@ -67,4 +67,5 @@ def validate_generate_input(input_ids: list[int], params: SamplingParams, vocab_
     if strict_max_new_tokens and params.max_new_tokens is not None and n + params.max_new_tokens > context_len:
         raise InvalidRequestError(
             f"Requested token count exceeds the model's context length: the input has {n} tokens and "
-            f"max_new_tokens is {params.max_new_tokens}, together more than {context_len}", "max_new_tokens")
+            f"max_new_tokens is {params.max_new_tokens}, together more than {context_len}: max_new_tokens must be "
+            f"in [0, {context_len - n}] for this input", "max_new_tokens")

@@ -119,7 +119,8 @@ def max_new_tokens(prompt_lens: Sequence[int], requested: Optional[int], default
     if requested > room:
         raise OpenAIError(f"This model's maximum context length is {context_len} tokens. However, you requested "
                           f"{longest + requested} tokens ({longest} in the prompt, {requested} for the "
-                          f"completion). Please reduce the prompt or {max_param}.", 400, max_param,
+                          f"completion). Please reduce the prompt or {max_param} (at most {room} with this "
+                          f"prompt).", 400, max_param,
                           "context_length_exceeded")
     return requested
 

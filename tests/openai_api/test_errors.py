@@ -112,6 +112,11 @@ CASES = [
     ("web search", CHAT, {"messages": USER, "web_search_options": {}}, 400, "web search", "web_search_options"),
     ("store of wrong type", CHAT, {"messages": USER, "store": "yes"}, 400, "valid boolean", "store"),
     # integers beyond int64 (issue: "a value of the request is out of range: can't serialize ints ...", param null)
+    ("huge max_tokens", COMPLETIONS, {"prompt": "Lily", "max_tokens": 10**23}, 400,
+     f"you requested {10**23 + 2} tokens (2 in the prompt, {10**23} for the completion). Please reduce the prompt or "
+     "max_tokens (at most 2046 with this prompt).", "max_tokens"),
+    ("huge max_completion_tokens", CHAT, {"messages": USER, "max_completion_tokens": 10**23}, 400,
+     "Please reduce the prompt or max_completion_tokens (at most", "max_completion_tokens"),
     ("huge seed", COMPLETIONS, {"prompt": "Lily", "seed": 10**23}, 400,
      f"invalid request: seed: must be in [-9223372036854775808, 9223372036854775807] (a 64-bit integer), got {10**23}",
      "seed"),

@@ -110,6 +110,9 @@ INT64 = "[-9223372036854775808, 9223372036854775807]"
 # (case, sampling_params, the whole message): the field sent and its allowed range (issue: a huge seed was
 # "a value of the request is out of range: can't serialize ints < -2**63 or > 2**64 - 1", no field named).
 HUGE_INTS = [
+    ("max_new_tokens", {"max_new_tokens": BIG}, "Requested token count exceeds the model's context length: the input "
+     f"has 3 tokens and max_new_tokens is {BIG}, together more than 2048: max_new_tokens must be in [0, 2045] for "
+     "this input"),
     ("sampling_seed", {"sampling_seed": BIG}, f"sampling_seed must be in {INT64} (a 64-bit integer), got {BIG}"),
     ("negative sampling_seed", {"sampling_seed": -BIG},
      f"sampling_seed must be in {INT64} (a 64-bit integer), got {-BIG}"),
