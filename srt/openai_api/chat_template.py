@@ -78,8 +78,8 @@ class ChatTemplate:
                 renders the conversation as it is (no effect when continuing the final message).
 
         Raises:
-            OpenAIError(400): no template, a non-text content part, a bad prefill request, or a
-                template that fails to render.
+            OpenAIError(400): no template, a non-text content part, a message without content or (role
+                tool) without ``tool_call_id``, a bad prefill request, or a template that fails to render.
         """
         if not self.available:
             raise OpenAIError("This model has no chat template, so /v1/chat/completions cannot format "
@@ -133,6 +133,10 @@ def _plain_message(m: ChatMessage, i: int) -> dict[str, Any]:
         content = "".join(texts)
     if content is None and m.role != "assistant":
         raise OpenAIError(f"messages.{i}.content: a {m.role} message needs content", 400, f"messages.{i}.content")
+    if m.role == "tool" and m.tool_call_id is None:  # OpenAI's check: the call a result answers must be named
+        raise OpenAIError(f"Missing parameter 'tool_call_id': messages with role 'tool' must have a 'tool_call_id' "
+                          f"(the id of the assistant's tool call it answers), but messages.{i} has none", 400,
+                          f"messages.{i}.tool_call_id")
     out: dict[str, Any] = {"role": _ROLE_ALIASES.get(m.role, m.role), "content": content or ""}
     for key in ("name", "tool_call_id", "tool_calls"):
         value = getattr(m, key)

@@ -193,7 +193,9 @@ class ContentPart(BaseModel):
 
 
 class ChatMessage(BaseModel):
-    """One input message. ``content`` is a string, a list of text parts, or null (assistant)."""
+    """One input message. ``content`` is a string, a list of text parts, or null (assistant);
+    ``tool_call_id`` is required with role ``tool`` (checked when rendering: a 400 naming
+    ``messages.<i>.tool_call_id``, as OpenAI answers)."""
 
     model_config = ConfigDict(extra="allow")
     role: Literal["system", "developer", "user", "assistant", "tool"]

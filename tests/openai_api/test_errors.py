@@ -111,6 +111,12 @@ CASES = [
      "function_call"),
     ("web search", CHAT, {"messages": USER, "web_search_options": {}}, 400, "web search", "web_search_options"),
     ("store of wrong type", CHAT, {"messages": USER, "store": "yes"}, 400, "valid boolean", "store"),
+    ("tool message without tool_call_id", CHAT, {"messages": [*USER, {"role": "tool", "content": "42"}]}, 400,
+     "Missing parameter 'tool_call_id': messages with role 'tool' must have a 'tool_call_id' (the id of the "
+     "assistant's tool call it answers), but messages.1 has none", "messages.1.tool_call_id"),
+    ("tool message with a null tool_call_id", CHAT,
+     {"messages": [*USER, {"role": "assistant", "content": "x"}, {"role": "tool", "content": "42", "tool_call_id": None}],
+      "stream": True}, 400, "but messages.2 has none", "messages.2.tool_call_id"),
     # integers beyond int64 (issue: "a value of the request is out of range: can't serialize ints ...", param null)
     ("huge max_tokens", COMPLETIONS, {"prompt": "Lily", "max_tokens": 10**23}, 400,
      f"you requested {10**23 + 2} tokens (2 in the prompt, {10**23} for the completion). Please reduce the prompt or "
