@@ -5,8 +5,9 @@ in through those arguments (no module-level state). Routes:
 
 - ``POST|PUT /generate``: ``GenerateReqInput`` -> response dict, list for a batch, or an SSE stream
   of cumulative dicts ending with ``data: [DONE]``.
-- ``GET /health`` (and ``HEAD``; never needs the API key), ``GET /health_generate`` (a one-token request on every
-  replica).
+- ``GET /health`` (never needs the API key), ``GET /health_generate`` (a one-token request on every
+  replica). Every read-only ``GET`` route (these, the info routes, ``/get_load``, ``/metrics``, ``GET /v1/...``)
+  also answers ``HEAD``, without a body (``read_routes.read_route``).
 - ``GET /get_model_info`` = ``/model_info``; ``GET /get_server_info`` = ``/server_info`` (one
   ``internal_states`` entry per ``--dp-size`` replica, ``internal_state`` their sum); ``GET /get_load``.
 - ``GET|POST /flush_cache`` (400 while requests run; flushes the device and host KV tiers of every
@@ -45,6 +46,7 @@ from radixlm.srt.openai_api.common import validation_message
 from radixlm.srt.openapi_spec import install_openapi
 from radixlm.srt.openai_api.protocol import openai_error_body
 from radixlm.srt.openai_api.router import create_openai_router
+from radixlm.srt.read_routes import read_route
 
 logger = logging.getLogger(__name__)
 
@@ -291,20 +293,20 @@ def create_app(tm: TokenizerManager, server_args: Any, model_info: dict, metrics
         except ClientDisconnected:
             return Response(status_code=499)  # nobody is listening; nginx's "client closed request"
 
-    @app.api_route("/health", methods=["GET", "HEAD"])  # HEAD: load balancers' and uptime checkers' probes
+    @read_route(app, "/health")  # HEAD: load balancers' and uptime checkers' probes
     async def health() -> Response:
         if tm.dead is not None:
             return json_response(native_error_body(tm.dead, 503), 503)
         return Response(status_code=200)
 
-    @app.get("/health_generate")
+    @read_route(app, "/health_generate")
     async def health_generate() -> Response:
         if await tm.health_generate():
             return Response(status_code=200)
         return json_response(native_error_body("health check generation did not finish in time", 503), 503)
 
-    @app.get("/get_model_info")
-    @app.get("/model_info")
+    @read_route(app, "/get_model_info")
+    @read_route(app, "/model_info")
     async def get_model_info() -> Response:
         return json_response(model_info)
 
@@ -312,8 +314,8 @@ def create_app(tm: TokenizerManager, server_args: Any, model_info: dict, metrics
 
     cpu = cpu_info().to_json()
 
-    @app.get("/get_server_info")
-    @app.get("/server_info")
+    @read_route(app, "/get_server_info")
+    @read_route(app, "/server_info")
     async def get_server_info() -> Response:
         states = await tm.internal_states()
         total = merge_internal_states(states)  # one replica: its own state
@@ -324,7 +326,7 @@ def create_app(tm: TokenizerManager, server_args: Any, model_info: dict, metrics
                               "internal_states": per_replica,
                               "internal_state": msgspec.structs.asdict(total)})  # the offline Engine's key
 
-    @app.get("/get_load")
+    @read_route(app, "/get_load")
     async def get_load() -> Response:
         """SGLang's per-replica load (what its router's load monitor reads): requests held
         (running + waiting), waiting requests, and KV tokens held by requests."""
@@ -355,7 +357,7 @@ def create_app(tm: TokenizerManager, server_args: Any, model_info: dict, metrics
         tm.abort(obj.rid, obj.abort_all)
         return Response(status_code=200)
 
-    @app.get("/metrics")
+    @read_route(app, "/metrics")
     async def get_metrics() -> Response:
         try:
             metrics.set_scheduler_states(await tm.internal_states(), tm.dp.replica_stats())

@@ -10,8 +10,8 @@ custom schema) with one built from FastAPI's paths plus the declarations in ``OP
   ``null`` means "default", as SGLang's frontend sends every field);
 - every status a route answers, with its media type: JSON schemas of the responses (OpenAI models,
   SGLang's ``/generate`` dict), ``text/event-stream`` for streams, ``text/plain`` for ``/metrics`` and
-  ``/flush_cache``, no body for ``/health``; errors as ``NativeError`` or ``OpenAIError``
-  (``radixlm.srt.errors``), 503 with its ``Retry-After`` header;
+  ``/flush_cache``, no body for ``/health`` and every ``HEAD`` (``get_and_head``); errors as ``NativeError``
+  or ``OpenAIError`` (``radixlm.srt.errors``), 503 with its ``Retry-After`` header;
 - with ``--api-key``: a bearer security scheme on every operation but ``GET`` / ``HEAD /health``, and 401s.
 
 JSON Schema cannot state every rule (a regex must compile, prompt + ``max_new_tokens`` must fit the
@@ -62,6 +62,13 @@ class Operation:
     openai: bool = False
 
 
+def get_and_head(get: Operation) -> dict[str, Operation]:
+    """The operations of a read-only route (``read_routes.read_route``): ``get``, and a ``head`` with
+    the same statuses and no body."""
+    return {"get": get, "head": dataclasses.replace(get, summary=f"{get.summary} (HEAD: the same without a body)",
+                                                    ok={})}
+
+
 _GENERATE = Operation("Generate text (SGLang's native API); a stream with stream: true", "GenerateRequest",
                       {JSON: {"anyOf": [_ref("GenerateResponse"), {"type": "array", "items": _ref("GenerateResponse")}]},
                        SSE: None}, (400, 413, 503))
@@ -75,22 +82,22 @@ _COMPLETION_ERRORS = (400, 413, 503)
 
 OPERATIONS: dict[str, dict[str, Operation]] = {
     "/generate": {"post": _GENERATE, "put": _GENERATE},
-    "/health": {"get": Operation("200 while the scheduler is alive (never needs the API key)", errors=(503,)),
-                "head": Operation("GET /health without a body (load balancers' probes)", errors=(503,))},
-    "/health_generate": {"get": Operation("200 once a one-token request finished on every replica", errors=(503,))},
-    "/get_model_info": {"get": _MODEL_INFO},
-    "/model_info": {"get": _MODEL_INFO},
-    "/get_server_info": {"get": _SERVER_INFO},
-    "/server_info": {"get": _SERVER_INFO},
-    "/get_load": {"get": Operation("Per-replica load: requests held, waiting, KV tokens held (SGLang's shape)",
-                                   ok={JSON: {"type": "array", "items": {"type": "object"}}}, errors=(503,))},
+    "/health": get_and_head(Operation("200 while the scheduler is alive (never needs the API key)", errors=(503,))),
+    "/health_generate": get_and_head(Operation("200 once a one-token request finished on every replica",
+                                               errors=(503,))),
+    "/get_model_info": get_and_head(_MODEL_INFO),
+    "/model_info": get_and_head(_MODEL_INFO),
+    "/get_server_info": get_and_head(_SERVER_INFO),
+    "/server_info": get_and_head(_SERVER_INFO),
+    "/get_load": get_and_head(Operation("Per-replica load: requests held, waiting, KV tokens held (SGLang's shape)",
+                                        ok={JSON: {"type": "array", "items": {"type": "object"}}}, errors=(503,))),
     "/flush_cache": {"get": _FLUSH, "post": _FLUSH},
     "/clear_hicache_storage_backend": {"get": _CLEAR_STORAGE, "post": _CLEAR_STORAGE},
     "/abort_request": {"post": Operation("Abort requests by rid prefix, or all", "AbortRequest", errors=(400, 413))},
-    "/metrics": {"get": Operation("Prometheus metrics", ok={TEXT: {"type": "string"}})},
-    "/v1/models": {"get": Operation("The served model", ok={JSON: _ref("ModelList")}, openai=True)},
-    "/v1/models/{model_id}": {"get": Operation("One model card (404 for another id)", ok={JSON: _ref("ModelCard")},
-                                               errors=(404,), openai=True)},
+    "/metrics": get_and_head(Operation("Prometheus metrics", ok={TEXT: {"type": "string"}})),
+    "/v1/models": get_and_head(Operation("The served model", ok={JSON: _ref("ModelList")}, openai=True)),
+    "/v1/models/{model_id}": get_and_head(Operation("One model card (404 for another id)", ok={JSON: _ref("ModelCard")},
+                                                    errors=(404,), openai=True)),
     "/v1/completions": {"post": Operation("OpenAI completions", "CompletionRequest",
                                           {JSON: _ref("CompletionResponse"), SSE: None}, _COMPLETION_ERRORS, True)},
     "/v1/chat/completions": {"post": Operation("OpenAI chat completions", "ChatCompletionRequest",
@@ -99,8 +106,8 @@ OPERATIONS: dict[str, dict[str, Operation]] = {
     "/v1/responses": {"post": Operation("OpenAI Responses API (events with stream: true)", "ResponsesRequest",
                                         {JSON: _ref("ResponseObject"), SSE: None}, _COMPLETION_ERRORS, True)},
     "/v1/responses/{response_id}": {
-        "get": Operation("A stored response (404: unknown, sent with store: false, or evicted)",
-                         ok={JSON: _ref("ResponseObject")}, errors=(404,), openai=True),
+        **get_and_head(Operation("A stored response (404: unknown, sent with store: false, or evicted)",
+                                 ok={JSON: _ref("ResponseObject")}, errors=(404,), openai=True)),
         "delete": Operation("Forget a stored response", ok={JSON: _ref("ResponseDeleted")}, errors=(404,),
                             openai=True)},
 }

@@ -2,7 +2,7 @@
 
 ``create_openai_router(tm, server_args, model_info, tokenizer)`` builds it; the app includes it:
 
-- ``GET /v1/models`` and ``GET /v1/models/{id}`` (404 for another id): one card, id = the served
+- ``GET /v1/models`` and ``GET /v1/models/{id}`` (404 for another id; both also ``HEAD``): one card, id = the served
   model name (``--served-model-name``, else the model path), with ``max_model_len``.
 - ``POST /v1/completions`` (``completions.py``) and ``POST /v1/chat/completions`` (``chat.py``).
   Any ``model`` value is accepted (one model per server); responses report the served name.
@@ -37,6 +37,7 @@ from radixlm.srt.openai_api.completions import create_completion
 from radixlm.srt.openai_api.protocol import (ChatCompletionRequest, CompletionRequest, ModelCard, ModelList,
                                              OpenAIError)
 from radixlm.srt.openai_api import responses
+from radixlm.srt.read_routes import read_route
 from radixlm.srt.openai_api.tool_request import ToolValidator
 
 logger = logging.getLogger(__name__)
@@ -118,12 +119,12 @@ def create_openai_router(tm: Any, server_args: Any, model_info: dict, tokenizer:
                      max_model_len=context_len)
     router = APIRouter()
 
-    @router.get("/v1/models")
+    @read_route(router, "/v1/models")
     @_openai_errors()
     async def list_models() -> Response:
         return Response(ModelList(data=[card]).model_dump_json(), media_type="application/json")
 
-    @router.get("/v1/models/{model_id:path}")
+    @read_route(router, "/v1/models/{model_id:path}")
     @_openai_errors()
     async def retrieve_model(model_id: str) -> Response:
         if model_id != card.id:
@@ -151,7 +152,7 @@ def create_openai_router(tm: Any, server_args: Any, model_info: dict, tokenizer:
         req = responses.parse_request(await request.body())
         return await responses.create_response(ctx, store, req, request)
 
-    @router.get("/v1/responses/{response_id:path}")
+    @read_route(router, "/v1/responses/{response_id:path}")
     @_openai_errors()
     async def retrieve_response(response_id: str) -> Response:
         return responses.retrieve(store, response_id)

@@ -7,13 +7,33 @@ import time
 
 from tests.conftest import STORY_PROMPTS
 
-from .helpers import endless, greedy, wait_idle
+from .helpers import assert_pool_free_after_flush, endless, greedy, wait_idle
 
 
 def test_health_and_health_generate(http):
     assert http.get("/health").status_code == 200
     assert http.head("/health").status_code == 200
     assert http.get("/health_generate").status_code == 200
+
+
+READ_ONLY_ROUTES = ["/health", "/health_generate", "/get_model_info", "/model_info", "/get_server_info", "/server_info",
+                    "/get_load", "/metrics", "/v1/models"]
+
+
+def test_read_only_routes_answer_head_like_get_without_a_body(http, stories_path):
+    """HEAD (load balancers', uptime checkers' and curl -I's probe) runs the GET handler: its status and
+    headers, no body (issue: a 405 everywhere but /health)."""
+    for path in [*READ_ONLY_ROUTES, f"/v1/models/{stories_path}"]:
+        get, head = http.get(path), http.head(path)
+        assert (get.status_code, head.status_code) == (200, 200), (path, head.status_code, head.text)
+        assert head.content == b"", path
+        assert head.headers.get("content-type") == get.headers.get("content-type"), path
+    for path in ("/get_model_info", "/v1/models", f"/v1/models/{stories_path}"):  # the same answer every time
+        assert int(http.head(path).headers["content-length"]) == len(http.get(path).content) > 0, path
+    missing = http.head("/v1/models/another-model")
+    assert missing.status_code == 404 and missing.content == b""
+    assert http.head("/generate").status_code == 405  # not a read-only route
+    assert_pool_free_after_flush(http)  # HEAD /health_generate's request left nothing behind
 
 
 def test_model_info_and_alias(http, stories_path):
