@@ -5,6 +5,11 @@ prepended to each choice's text (the client's string verbatim; token ids are dec
 ``logprobs``, its positions come first in the logprobs with a ``null`` first entry. Streaming sends
 per choice: content chunks (the first one carries the echo), one chunk with ``finish_reason``, then
 an optional usage chunk (``stream_options.include_usage``) and ``data: [DONE]``.
+
+``max_tokens: 0`` with ``echo`` (vLLM's and OpenAI's legacy way to score a prompt) runs the prefill
+only (native ``max_new_tokens: 0``): each choice's text is the prompt, ``finish_reason`` ``length``,
+``completion_tokens`` 0, and with ``logprobs`` the prompt tokens' logprobs (the first one null).
+Without ``echo`` it is a 400, as on vLLM.
 """
 
 from __future__ import annotations
@@ -72,6 +77,9 @@ async def create_completion(ctx: ServingContext, req: CompletionRequest, request
         raise OpenAIError(f"best_of must equal n ({n}): ranking candidates is not supported", 400, "best_of")
     if req.stream_options is not None and not req.stream:
         raise OpenAIError("stream_options is only allowed with stream: true", 400, "stream_options")
+    if req.max_tokens == 0 and not req.echo:
+        raise OpenAIError("invalid request: max_tokens: Input should be greater than or equal to 1 (0 only with echo: "
+                          "true, which returns the prompt without generating)", 400, "max_tokens")
     prompt_ids, prompt_texts = await _prompts(ctx, req)
     budget = max_new_tokens([len(x) for x in prompt_ids], req.max_tokens, DEFAULT_MAX_TOKENS, ctx.context_len,
                             "prompt", "max_tokens")

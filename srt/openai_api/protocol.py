@@ -131,9 +131,12 @@ class _SamplingRequest(_Strict):
 # ---- completions ------------------------------------------------------------------------------------
 class CompletionRequest(_SamplingRequest):
     """``POST /v1/completions``. ``prompt``: str, list of str, token ids or list of token-id lists.
-    ``max_tokens`` defaults to 16; ``logprobs`` (0..20) asks for that many alternatives per token."""
+    ``max_tokens`` defaults to 16; 0 only with ``echo`` (the prompt alone, to score it: vLLM's and
+    OpenAI's legacy behaviour; the handler refuses it otherwise). ``logprobs`` (0..20) asks for that
+    many alternatives per token."""
 
     prompt: Union[list[list[int]], list[int], list[str], str]
+    max_tokens: Optional[int] = Field(default=None, ge=0)
     echo: Optional[bool] = False
     logprobs: Optional[int] = Field(default=None, ge=0, le=20)
     best_of: Optional[int] = Field(default=None, ge=1)

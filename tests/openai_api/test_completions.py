@@ -9,6 +9,7 @@ import pytest
 from openai.types import Completion
 
 from tests.conftest import STORY_PROMPTS
+from tests.server.helpers import assert_pool_free_after_flush
 
 from .conftest import MODEL, revalidate, sse_lines
 
@@ -199,3 +200,42 @@ def test_stop_at_the_start_of_the_output(client, http):
         assert got["text"] == "" and got["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
         c = _create(client, prompt=prompt, max_tokens=6, temperature=0, stop=[stop]).choices[0]
         assert c.text == "" and c.finish_reason == "stop" and c.model_extra["matched_stop"] == stop
+
+
+def test_max_tokens_zero_with_echo_scores_the_prompt(client, http, tok):
+    """vLLM's (and OpenAI's legacy) way to score a prompt: max_tokens 0 with echo returns the prompt as
+    the text, finish_reason length, no completion tokens, and with logprobs the prompt tokens' logprobs
+    (the first null): the values /generate gives for the same prompt. Streamed the same. Without echo,
+    max_tokens 0 stays a 400."""
+    prompt_tokens = len(tok.encode(PROMPT))
+    full = _create(client, prompt=PROMPT, max_tokens=0, echo=True, logprobs=2)
+    revalidate(full)
+    (c,) = full.choices
+    assert c.text == PROMPT and c.finish_reason == "length"
+    assert (full.usage.prompt_tokens, full.usage.completion_tokens, full.usage.total_tokens) == (
+        prompt_tokens, 0, prompt_tokens)
+    _check_logprobs(c, 2, prompt_tokens)
+    assert len(c.logprobs.tokens) == prompt_tokens and c.logprobs.token_logprobs[0] is None
+    native = http.post("/generate", json={"text": PROMPT, "sampling_params": {"max_new_tokens": 0},
+                                          "return_logprob": True, "logprob_start_len": 0}).json()["meta_info"]
+    expected = [lp for lp, _, _ in native["input_token_logprobs"]]
+    assert expected[0] is None and len(expected) == prompt_tokens
+    assert c.logprobs.token_logprobs[1:] == pytest.approx(expected[1:], abs=1e-4)
+    generated = _create(client, prompt=PROMPT, max_tokens=2, echo=True, logprobs=2, temperature=0).choices[0]
+    assert c.logprobs.tokens == generated.logprobs.tokens[:prompt_tokens]
+
+    stream = _create(client, prompt=PROMPT, max_tokens=0, echo=True, logprobs=2, stream=True)
+    chunks = [ch for ch in stream if ch.choices]
+    assert "".join(ch.choices[0].text for ch in chunks) == PROMPT
+    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices[0].finish_reason] == ["length"]
+    streamed = [lp for ch in chunks if ch.choices[0].logprobs for lp in ch.choices[0].logprobs.token_logprobs]
+    assert streamed[0] is None and streamed[1:] == pytest.approx(c.logprobs.token_logprobs[1:], abs=1e-4)
+
+    plain = _create(client, prompt=[PROMPT, "Lily"], max_tokens=0, echo=True, n=2)
+    assert [x.text for x in plain.choices] == [PROMPT, PROMPT, "Lily", "Lily"]
+    assert {x.logprobs is None and x.finish_reason == "length" for x in plain.choices} == {True}
+    assert plain.usage.completion_tokens == 0
+    refused = http.post("/v1/completions", json={"model": MODEL, "prompt": PROMPT, "max_tokens": 0})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "max_tokens"
+    assert "0 only with echo: true" in refused.json()["error"]["message"]
+    assert_pool_free_after_flush(http)
