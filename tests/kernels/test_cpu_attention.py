@@ -53,8 +53,13 @@ def check_step(setup, batch, heads, kv_heads, d, seed):
     assert torch.equal(k_buf[:, loc].transpose(0, 1), k.view(-1, kv_heads, d))  # stored where the batch says
     assert torch.equal(v_buf[:, loc].transpose(0, 1), v.view(-1, kv_heads, d))
     ref = reference(setup, batch, q, heads=heads, kv_heads=kv_heads, d=d)
-    torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(out, native, atol=3e-6, rtol=3e-6)
+    # The kernel against the float64 reference: <= 1.0e-6 measured on every case here. torch_native is
+    # held to the reference on its own, more loosely: its batched matmuls run on MKL, whose results are
+    # not run-to-run reproducible when the machine is busy (1 fresh process in 30 under two spinning
+    # processes gave 1.9e-5 from the reference, the others 1.2e-6), so kernel vs torch_native at 3e-6
+    # failed now and then in CI-like conditions without either being wrong.
+    torch.testing.assert_close(out.double(), ref, atol=3e-6, rtol=3e-6)
+    torch.testing.assert_close(native.double(), ref, atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("heads,kv_heads,head_dim", [(6, 2, 16), (9, 3, 64), (4, 4, 20), (2, 1, 128)])
