@@ -161,7 +161,8 @@ class ProgramStateGroup:
 
     ``forks += x`` appends ``x`` to every branch; ``forks += lambda i: ...`` per index; a list or
     tuple of ``n`` items element-wise. ``forks[i]`` is a branch's ProgramState. ``join()``
-    (``"gather_variable"``) stores each variable created in the branches into the parent as a list;
+    (``"gather_variable"``) stores each variable created in any branch into the parent as a list with
+    one entry per branch (``None`` where a branch did not set it);
     ``join("concate_and_append")`` appends each branch's new text to the parent, in order.
     """
 
@@ -200,7 +201,9 @@ class ProgramStateGroup:
         parent = self.parent.stream_executor
         parent.sync()
         if mode == "gather_variable":
-            names = [n for n in self.states[0].stream_executor.variables if n not in self._vars_at_fork]
+            names: dict[str, None] = {}  # every branch's new names, in first-seen order
+            for s in self.states:
+                names.update(dict.fromkeys(n for n in s.stream_executor.variables if n not in self._vars_at_fork))
             for name in names:
                 values = [s.stream_executor.variables.get(name) for s in self.states]
                 metas = [s.stream_executor.meta_info.get(name) for s in self.states]

@@ -301,3 +301,19 @@ def test_gen_runs_while_python_continues():
     start = time.monotonic()
     assert run(prog, Slow(default="b")).text() == "ab"
     assert time.monotonic() - start < 5
+
+
+def test_join_gathers_variables_that_only_later_branches_created():
+    backend = FakeBackend(default="!")
+
+    @rl.function
+    def prog(s):
+        s += "p:"
+        forks = s.fork(3)
+        forks += lambda i: rl.gen(f"tip_{i}")
+        forks.join()
+
+    state = run(prog, backend)
+    assert state["tip_0"] == ["!", None, None]
+    assert state["tip_1"] == [None, "!", None]
+    assert state["tip_2"] == [None, None, "!"]
