@@ -126,9 +126,12 @@ def _plain_message(m: ChatMessage, i: int) -> dict[str, Any]:
     if isinstance(content, list):
         texts = []
         for j, part in enumerate(content):
-            if part.type != "text" or part.text is None:
+            if part.type != "text":
                 raise OpenAIError(f"messages.{i}.content.{j}: only text content parts are supported, got "
                                   f"type {part.type!r}", 400, f"messages.{i}.content.{j}.type")
+            if not isinstance(part.text, str):
+                raise OpenAIError(f"messages.{i}.content.{j}.text: a text part needs its text (a string)", 400,
+                                  f"messages.{i}.content.{j}.text")
             texts.append(part.text)
         content = "".join(texts)
     if content is None and m.role != "assistant":

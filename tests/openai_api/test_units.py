@@ -50,6 +50,18 @@ def test_chat_template_file_and_missing_template(tok):
     assert ids[0] == tok.bos_token_id and tok.decode(ids, skip_special_tokens=True) == text[len("<s>"):]
 
 
+
+def test_text_part_without_text_names_the_text_not_the_type(tok):
+    template = ChatTemplate(tok, str(TEMPLATE))
+    for part in ({"type": "text"}, {"type": "text", "text": None}):
+        with pytest.raises(OpenAIError) as e:
+            template.render([ChatMessage(role="user", content=[part])])
+        assert e.value.status == 400 and e.value.param == "messages.0.content.0.text"
+        assert "needs its text" in e.value.message and "only text content parts" not in e.value.message
+    with pytest.raises(OpenAIError) as e:
+        template.render([ChatMessage(role="user", content=[{"type": "image_url", "image_url": {}}])])
+    assert e.value.param == "messages.0.content.0.type" and "only text content parts" in e.value.message
+
 def test_length_checks_and_usage():
     assert max_new_tokens([10, 20], None, 16, 2048, "prompt", "max_tokens") == 16
     assert max_new_tokens([2040], None, 16, 2048, "prompt", "max_tokens") == 8  # the default is clamped
