@@ -9,9 +9,12 @@ driven synchronously; no sockets.
 from __future__ import annotations
 
 import itertools
+import threading
 import time
 import uuid
 from typing import Any, Optional, Union
+
+import msgspec
 
 from radixlm.managers.detokenizer_manager import DetokenizerManager
 from radixlm.managers.io_struct import BatchStrOut, BatchTokenOut, TokenizedGenerateReq
@@ -22,7 +25,7 @@ from radixlm.managers.validation import (InvalidRequestError, validate_generate_
                                          validate_top_logprobs_num)
 from radixlm.srt.model_config import ModelConfig
 from radixlm.srt.model_loader import load_tokenizer
-from radixlm.srt.sampling_params import SamplingParams, SamplingParamsError
+from radixlm.srt.sampling_params import SamplingParams, SamplingParamsError, copy_seed
 from radixlm.srt.server_args import ServerArgs, ServerArgsError
 
 Prompt = Union[str, list[str], None]
@@ -60,6 +63,9 @@ class Engine:
         self.scheduler = Scheduler(args, self.worker, self.tokenizer, self._outbox.append, grammar)
         self.detokenizer = DetokenizerManager(self.tokenizer)
         self._ids = itertools.count()
+        # The scheduler runs in the calling thread: calls from several threads take turns (unserialized
+        # they interleaved scheduler steps and corrupted the KV bookkeeping).
+        self._lock = threading.RLock()
 
     # ---- public API ------------------------------------------------------------------------
     def generate(self, prompt: Prompt = None, sampling_params: Union[dict, list[dict], None] = None,
@@ -67,36 +73,59 @@ class Engine:
                  top_logprobs_num: int = 0, rid: Union[str, list[str], None] = None) -> Union[dict, list[dict]]:
         """Generate for one prompt (returns a dict) or a batch (returns a list, in input order).
 
+        ``n > 1`` in ``sampling_params`` samples each prompt ``n`` times (as ``/generate`` does): a list,
+        prompt-major; with a ``sampling_seed``, copy ``j`` samples with ``sampling_seed + j``. Safe to call
+        from several threads (the calls take turns; pass a list to batch prompts).
+
         Raises:
             InvalidRequestError: bad input (empty, too long, ids outside the vocabulary, bad
                 sampling values); nothing is queued then.
         """
+        with self._lock:
+            return self._generate(prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
+                                  top_logprobs_num, rid)
+
+    def _generate(self, prompt: Prompt, sampling_params: Union[dict, list[dict], None], input_ids: InputIds,
+                  return_logprob: bool, logprob_start_len: int, top_logprobs_num: int,
+                  rid: Union[str, list[str], None]) -> Union[dict, list[dict]]:
         batch, prompts_ids = self._normalize(prompt, input_ids)
         n = len(prompts_ids)
         params_list = self._params(sampling_params, n)
         rids = self._rids(rid, n)
         validate_top_logprobs_num(top_logprobs_num)
         msgs = []
-        for ids, params, r in zip(prompts_ids, params_list, rids):
+        for ids, params in zip(prompts_ids, params_list):
             validate_generate_input(ids, params, self.model_config.vocab_size, self.model_config.context_len)
             validate_logprob_start_len(logprob_start_len, len(ids), return_logprob)
-            msgs.append(TokenizedGenerateReq(rid=r, input_ids=ids, sampling_params=params,
-                                             return_logprob=return_logprob, logprob_start_len=logprob_start_len,
-                                             top_logprobs_num=top_logprobs_num))
+        ns = {params.n for params in params_list}
+        if len(ns) > 1:
+            raise InvalidRequestError(f"all sampling_params of one call must share n, got {sorted(ns)}")
+        n = ns.pop()
+        for ids, params, r in zip(prompts_ids, params_list, rids):
+            seed = params.sampling_seed
+            copies = [(params, r)] if n == 1 else [
+                (msgspec.structs.replace(params, n=1, sampling_seed=None if seed is None else copy_seed(seed, j)),
+                 f"{r}_{j}") for j in range(n)]
+            msgs.extend(TokenizedGenerateReq(rid=cr, input_ids=ids, sampling_params=cp, return_logprob=return_logprob,
+                                             logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num)
+                        for cp, cr in copies)
         results = self._run(msgs)
         out = [results[m.rid] for m in msgs]
-        return out if batch else out[0]
+        return out if batch or n > 1 else out[0]
 
     def flush_cache(self) -> bool:
         """Empty the radix tree (and the hierarchical cache's host tier); False while requests run."""
-        return self.scheduler.flush_cache().success
+        with self._lock:
+            return self.scheduler.flush_cache().success
 
     def clear_hicache_storage(self) -> bool:
         """Delete the hierarchical cache's storage files; False without a storage backend."""
-        return self.scheduler.flush_storage().success
+        with self._lock:
+            return self.scheduler.flush_storage().success
 
     def get_server_info(self) -> dict:
-        state = self.scheduler.internal_state()
+        with self._lock:
+            state = self.scheduler.internal_state()
         from radixlm.srt.cpu_runtime import cpu_info
 
         return {**self.server_args.to_dict(), "max_total_num_tokens": state.max_total_num_tokens,
@@ -105,10 +134,11 @@ class Engine:
 
     def shutdown(self) -> None:
         """Drop queued work, finish queued storage writes, stop the grammar compiler threads."""
-        self.scheduler.waiting.clear()
-        self.scheduler.close()
-        if self.scheduler.grammar_cache is not None:
-            self.scheduler.grammar_cache.shutdown()
+        with self._lock:
+            self.scheduler.waiting.clear()
+            self.scheduler.close()
+            if self.scheduler.grammar_cache is not None:
+                self.scheduler.grammar_cache.shutdown()
 
     # ---- internals -------------------------------------------------------------------------
     def _run(self, msgs: list[TokenizedGenerateReq]) -> dict[str, dict]:

@@ -183,3 +183,40 @@ def test_min_new_tokens_then_stop_string_keeps_forced_tokens(engine):
     assert out["meta_info"]["completion_tokens"] >= 3
     assert len(out["text"]) > first_comma and out["text"] == full["text"][:len(out["text"])]
     assert not out["text"].endswith(",")
+
+
+def test_n_samples_each_prompt_with_seed_plus_j(engine):
+    sp = {"temperature": 0.9, "max_new_tokens": 12, "sampling_seed": 77}
+    outs = engine.generate("Lily went to the", {**sp, "n": 3})
+    assert isinstance(outs, list) and len(outs) == 3  # n copies, not one silently
+    for j, out in enumerate(outs):
+        alone = engine.generate("Lily went to the", {**sp, "sampling_seed": 77 + j})
+        assert out["output_ids"] == alone["output_ids"]
+    batch = engine.generate(["The cat", "Tom"], {"temperature": 0, "max_new_tokens": 4, "n": 2})
+    assert len(batch) == 4 and batch[0]["output_ids"] == batch[1]["output_ids"]  # prompt-major
+    with pytest.raises(InvalidRequestError, match="share n"):
+        engine.generate(["a", "b"], [{"n": 2}, {"n": 1}])
+
+
+def test_generate_from_several_threads(engine):
+    import threading
+
+    prompts = [f"Lily and her friend number {i} went" for i in range(4)]
+    want = [engine.generate(p, GREEDY)["output_ids"] for p in prompts]
+    got: dict[int, list[int]] = {}
+    errors: list[BaseException] = []
+
+    def work(i: int) -> None:
+        try:
+            for _ in range(3):
+                got[i] = engine.generate(prompts[i], GREEDY)["output_ids"]
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    assert [got[i] for i in range(4)] == want  # the autouse check then flushes a consistent pool
