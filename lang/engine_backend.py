@@ -60,6 +60,11 @@ class Engine(Backend):
         return {"model_path": args.model_path or path, "tokenizer_path": args.tokenizer_path or path,
                 "chat_template": getattr(self.engine.tokenizer, "chat_template", None)}
 
+    def get_server_info(self) -> dict[str, Any]:
+        """The engine's settings and scheduler state (``radixlm.srt.engine.Engine.get_server_info``)."""
+        with self._lock:
+            return self.engine.get_server_info()
+
     def get_chat_template(self) -> ChatTemplate:
         with self._template_lock:
             if self._chat_template is None:

@@ -183,3 +183,5 @@ def test_in_process_engine_matches_the_server(stories, stories_path):
     local, remote = prog.run(backend=engine, temperature=0), prog.run(backend=stories, temperature=0)
     assert local.error() is None and local["x"] == remote["x"] and local["pick"] == remote["pick"]
     assert engine.generate(prompt="Once upon a time", sampling_params={"max_new_tokens": 0})["meta_info"]["prompt_tokens"] == 5
+    info = rl.get_server_info(engine)  # was {}: the in-process backend had no get_server_info
+    assert info["max_total_num_tokens"] > 0 and info["internal_state"]["num_running_reqs"] == 0
