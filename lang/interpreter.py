@@ -58,6 +58,9 @@ class StreamExecutor:
         self._pending = 0
         self._worker_running = False
         self._ended = False
+        # The thread running a stream=True program's body (None otherwise, and for forks): reads from
+        # other threads wait for a variable the body has not reached yet instead of missing it.
+        self.body_thread: Optional[int] = None
         self._current_events: dict[str, threading.Event] = {}
 
     # ---- submission and synchronisation ----------------------------------------------------
@@ -124,6 +127,8 @@ class StreamExecutor:
     def get_var(self, name: str) -> Any:
         """The variable's value once its latest submission has run; raises ProgramError if it failed."""
         with self._cond:
+            if self.body_thread is not None and self.body_thread != threading.get_ident():
+                self._cond.wait_for(lambda: name in self._var_events or name in self.variables or self._ended)
             ev = self._var_events.get(name)
         if ev is None:
             if name in self.variables:

@@ -73,8 +73,10 @@ class Program:
         state = self._new_state(defaults.resolve_backend(backend), params, stream)
         call_args = {**self.bound, **kwargs}
         if stream:
-            threading.Thread(target=self._execute, args=(state, args, call_args, True), daemon=True,
-                             name=f"radixlm-lang-{self.func.__name__}").start()
+            body = threading.Thread(target=self._execute, args=(state, args, call_args, True), daemon=True,
+                                    name=f"radixlm-lang-{self.func.__name__}")
+            body.start()
+            state.stream_executor.body_thread = body.ident
             return state
         self._execute(state, args, call_args, capture=False)
         if raise_on_error:

@@ -317,3 +317,19 @@ def test_join_gathers_variables_that_only_later_branches_created():
     assert state["tip_0"] == ["!", None, None]
     assert state["tip_1"] == [None, "!", None]
     assert state["tip_2"] == [None, None, "!"]
+
+
+def test_stream_run_reads_a_variable_the_body_has_not_reached_yet():
+    backend = FakeBackend(default=" blue")
+
+    @rl.function
+    def prog(s):
+        s += "Color:"
+        time.sleep(0.2)  # the body is still busy when the caller reads
+        s += rl.gen("a")
+
+    state = prog.run(backend=backend, stream=True)
+    assert state["a"] == " blue"  # was KeyError: no variable 'a' (not submitted yet)
+    assert state.get_meta_info("a") is not None
+    with pytest.raises(KeyError):  # a name the finished program never produces still fails, at once
+        state["never"]
