@@ -50,7 +50,6 @@ def test_chat_template_file_and_missing_template(tok):
     assert ids[0] == tok.bos_token_id and tok.decode(ids, skip_special_tokens=True) == text[len("<s>"):]
 
 
-
 def test_text_part_without_text_names_the_text_not_the_type(tok):
     template = ChatTemplate(tok, str(TEMPLATE))
     for part in ({"type": "text"}, {"type": "text", "text": None}):
@@ -61,6 +60,7 @@ def test_text_part_without_text_names_the_text_not_the_type(tok):
     with pytest.raises(OpenAIError) as e:
         template.render([ChatMessage(role="user", content=[{"type": "image_url", "image_url": {}}])])
     assert e.value.param == "messages.0.content.0.type" and "only text content parts" in e.value.message
+
 
 def test_length_checks_and_usage():
     assert max_new_tokens([10, 20], None, 16, 2048, "prompt", "max_tokens") == 16
