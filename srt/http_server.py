@@ -199,16 +199,20 @@ def json_response(obj: Any, status: int = 200) -> Response:
 class ApiKeyMiddleware:
     """Pure ASGI middleware (BaseHTTPMiddleware would break streaming disconnect detection):
     requires ``Authorization: Bearer <key>`` on every HTTP route and method but ``/health``, before
-    routing (so unknown paths and methods answer 401 too), compared in constant time."""
+    routing (so unknown paths and methods answer 401 too); the scheme in any case (RFC 7235 2.1:
+    ``bearer`` is ``Bearer``), the key compared in constant time."""
 
     def __init__(self, app: Any, api_key: str):
         self.app = app
-        self.expected = f"Bearer {api_key}".encode()
+        self.expected = api_key.encode()
+
+    def authorized(self, header: bytes) -> bool:
+        scheme, _, key = header.partition(b" ")
+        return scheme.lower() == b"bearer" and hmac.compare_digest(key.lstrip(b" "), self.expected)
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] == "http" and scope["path"] != "/health":
-            got = dict(scope.get("headers") or []).get(b"authorization", b"")
-            if not hmac.compare_digest(got, self.expected):
+            if not self.authorized(dict(scope.get("headers") or []).get(b"authorization", b"")):
                 message = "invalid or missing API key (Authorization: Bearer KEY)"
                 body = (openai_error_body(message, 401, code="invalid_api_key") if scope["path"].startswith("/v1/")
                         else native_error_body(message, 401))

@@ -3,7 +3,7 @@
 - ``--api-key``: every route of ``/openapi.json`` plus the routes outside the schema (``/openapi.json``,
   ``/docs``, ``/redoc``, ...), with every HTTP method, answers 401 without the key, with a wrong key and
   with the key not sent as ``Bearer`` (OpenAI's error shape under ``/v1/``, the native one elsewhere);
-  with the key it is never 401. ``GET /health`` needs no key.
+  with the key it is never 401, the scheme in any case (RFC 7235). ``GET /health`` needs no key.
 - Prompts and outputs stay out of the server log by default (a request with a unique marker, on
   every generation route, streaming or not, and in rejected requests); ``--log-requests`` logs them.
 - The server binds 127.0.0.1 unless ``--host`` says otherwise: the listening socket of a server
@@ -98,6 +98,16 @@ def test_with_the_key_no_route_is_401(keyed):
                 assert resp.status_code != 401, (method, path, resp.text[:300])
                 assert resp.status_code < 500, (method, path, resp.text[:300])
         assert http.get("/docs").status_code == 200 and http.get("/openapi.json").status_code == 200
+
+
+def test_the_scheme_is_case_insensitive(keyed):
+    """RFC 7235 2.1: ``bearer KEY`` and ``BEARER KEY`` are ``Bearer KEY`` (a wrong key in any case is 401)."""
+    with httpx.Client(base_url=keyed.url, timeout=30) as http:
+        for scheme in ("bearer", "BEARER", "Bearer"):
+            assert http.get("/get_model_info", headers={"Authorization": f"{scheme} {KEY}"}).status_code == 200
+            assert http.get("/v1/models", headers={"Authorization": f"{scheme}  {KEY}"}).status_code == 200
+            _assert_401(http.get("/v1/models", headers={"Authorization": f"{scheme} {KEY}x"}), "/v1/models", "GET")
+        _assert_401(http.get("/v1/models", headers={"Authorization": f"Bearer{KEY}"}), "/v1/models", "GET")
 
 
 def test_health_needs_no_key(keyed):
