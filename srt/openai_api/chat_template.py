@@ -124,6 +124,9 @@ def _plain_message(m: ChatMessage, i: int) -> dict[str, Any]:
     """A template-ready dict: role (aliases resolved), content as one string, optional fields kept."""
     content = m.content
     if isinstance(content, list):
+        if not content:  # OpenAI: "array too short" (a string, even empty, is the way to send no text)
+            raise OpenAIError(f"messages.{i}.content: an array of content parts needs at least one part", 400,
+                              f"messages.{i}.content")
         texts = []
         for j, part in enumerate(content):
             if part.type != "text":

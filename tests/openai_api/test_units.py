@@ -60,6 +60,12 @@ def test_text_part_without_text_names_the_text_not_the_type(tok):
     with pytest.raises(OpenAIError) as e:
         template.render([ChatMessage(role="user", content=[{"type": "image_url", "image_url": {}}])])
     assert e.value.param == "messages.0.content.0.type" and "only text content parts" in e.value.message
+    for role in ("user", "assistant"):  # an empty array is a 400 (OpenAI's "array too short"), "" is no text
+        with pytest.raises(OpenAIError) as e:
+            template.render([ChatMessage(role="user", content="hi"), ChatMessage(role=role, content=[])])
+        assert e.value.status == 400 and e.value.param == "messages.1.content" and "at least one part" in e.value.message
+    assert template.render([ChatMessage(role="user", content="")]) == template.render(
+        [ChatMessage(role="user", content=[{"type": "text", "text": ""}])])
 
 
 def test_length_checks_and_usage():
