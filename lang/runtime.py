@@ -27,17 +27,6 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def port_unavailable(host: str, port: int) -> Optional[str]:
-    """Why ``host:port`` cannot be bound (as the server binds it: SO_REUSEADDR), or None when it can."""
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError as e:
-            return f"cannot listen on {host}:{port}: {e.strerror or e}"
-    return None
-
-
 def server_flags(server_args: dict[str, Any]) -> list[str]:
     """``{"page_size": 16, "disable_radix_cache": True}`` -> ``["--page-size", "16", "--disable-radix-cache"]``."""
     flags: list[str] = []
@@ -75,6 +64,8 @@ class Runtime:
                  api_key: Optional[str] = None, timeout_s: float = 300.0, chat_template: Any = None,
                  wait: bool = True, **server_args: Any):
         if port:  # checked here: the /health of whatever holds the port would pass for ours
+            from radixlm.srt.launch_server import port_unavailable  # the server's own check (torch-free)
+
             reason = port_unavailable(host, port)
             if reason is not None:
                 raise RuntimeError(f"{reason} (another server?); pass port=None for a free port")

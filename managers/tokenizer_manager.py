@@ -41,7 +41,7 @@ from radixlm.managers.response import ResponseAccumulator
 from radixlm.managers.validation import (InvalidRequestError, validate_generate_input, validate_logprob_start_len,
                                          validate_top_logprobs_num)
 from radixlm.srt.errors import native_error_body
-from radixlm.srt.sampling_params import SamplingParams, SamplingParamsError, copy_seed
+from radixlm.srt.sampling_params import SamplingParams, SamplingParamsError, sample_copies
 
 logger = logging.getLogger(__name__)
 
@@ -229,11 +229,7 @@ class TokenizerManager:
                 continue
             prefill = msgspec.structs.replace(params, max_new_tokens=0, n=1)
             warmups.append(TokenizedGenerateReq(rid=f"{base_rids[i]}_prefill", input_ids=ids, sampling_params=prefill))
-            # With a sampling_seed, copy j samples with seed + j (as /v1 gives choice j): n copies of one
-            # seed would be n identical samples.
-            seed = params.sampling_seed
-            copies = (msgspec.structs.replace(params, n=1, sampling_seed=None if seed is None else copy_seed(seed, j))
-                      for j in range(n))
+            copies = sample_copies(params, n)
             msgs.extend(msg(i, ids, p, f"{base_rids[i]}_{j}", req.stream) for j, p in enumerate(copies))
         seen: set[str] = set()
         for m in warmups + msgs:

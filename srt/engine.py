@@ -14,8 +14,6 @@ import time
 import uuid
 from typing import Any, Optional, Union
 
-import msgspec
-
 from radixlm.managers.detokenizer_manager import DetokenizerManager
 from radixlm.managers.io_struct import BatchStrOut, BatchTokenOut, TokenizedGenerateReq
 from radixlm.managers.response import ResponseAccumulator
@@ -25,7 +23,7 @@ from radixlm.managers.validation import (InvalidRequestError, validate_generate_
                                          validate_top_logprobs_num)
 from radixlm.srt.model_config import ModelConfig
 from radixlm.srt.model_loader import load_tokenizer
-from radixlm.srt.sampling_params import SamplingParams, SamplingParamsError, copy_seed
+from radixlm.srt.sampling_params import SamplingParams, SamplingParamsError, sample_copies
 from radixlm.srt.server_args import ServerArgs, ServerArgsError
 
 Prompt = Union[str, list[str], None]
@@ -100,18 +98,16 @@ class Engine:
         ns = {params.n for params in params_list}
         if len(ns) > 1:
             raise InvalidRequestError(f"all sampling_params of one call must share n, got {sorted(ns)}")
-        n = ns.pop()
+        samples = ns.pop()
         for ids, params, r in zip(prompts_ids, params_list, rids):
-            seed = params.sampling_seed
-            copies = [(params, r)] if n == 1 else [
-                (msgspec.structs.replace(params, n=1, sampling_seed=None if seed is None else copy_seed(seed, j)),
-                 f"{r}_{j}") for j in range(n)]
+            copies = ([(params, r)] if samples == 1
+                      else [(p, f"{r}_{j}") for j, p in enumerate(sample_copies(params, samples))])
             msgs.extend(TokenizedGenerateReq(rid=cr, input_ids=ids, sampling_params=cp, return_logprob=return_logprob,
                                              logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num)
                         for cp, cr in copies)
         results = self._run(msgs)
         out = [results[m.rid] for m in msgs]
-        return out if batch or n > 1 else out[0]
+        return out if batch or samples > 1 else out[0]
 
     def flush_cache(self) -> bool:
         """Empty the radix tree (and the hierarchical cache's host tier); False while requests run."""

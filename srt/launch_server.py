@@ -105,7 +105,7 @@ def launch_server(args: ServerArgs) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
-    problem = _port_unavailable(args.host, args.port) or _chat_template_unreadable(args.chat_template)
+    problem = port_unavailable(args.host, args.port) or _chat_template_unreadable(args.chat_template)
     if problem is not None:
         return startup_failed(problem)  # before loading anything: fail in a second, not a minute
     children: list[_Child] = []
@@ -320,7 +320,7 @@ def _stop_children(children: list[_Child]) -> None:
 DEMO_MODEL_NAME = "SmolLM2-135M-Instruct"  # what a server started without --model-path reports
 
 
-def _port_unavailable(host: str, port: int) -> Optional[str]:
+def port_unavailable(host: str, port: int) -> Optional[str]:
     """A one-line reason when ``host:port`` cannot be bound (in use, no permission), else None."""
     import socket
 

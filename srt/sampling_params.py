@@ -29,6 +29,15 @@ def copy_seed(seed: int, j: int) -> int:
     return (seed + j - INT64_MIN) % (1 << 64) + INT64_MIN
 
 
+def sample_copies(params: "SamplingParams", n: int) -> list["SamplingParams"]:
+    """The ``n`` single-sample requests of an ``n > 1`` request: copy ``j`` has ``n = 1`` and, with a
+    ``sampling_seed``, ``copy_seed(seed, j)`` (as ``/v1`` gives choice ``j``): n copies of one seed would
+    be n identical samples."""
+    seed = params.sampling_seed
+    return [msgspec.structs.replace(params, n=1, sampling_seed=None if seed is None else copy_seed(seed, j))
+            for j in range(n)]
+
+
 class SamplingParamsError(ValueError):
     """A sampling parameter is out of range or of the wrong type (maps to HTTP 400).
 

@@ -85,7 +85,7 @@ def replica_argv(args: ServerArgs, cpus_per_replica: float) -> list[str]:
 
 def serve_ray(args: ServerArgs, options: RayServeOptions, ray_address: Optional[str]) -> int:
     """Deploy, wait for SIGTERM / SIGINT, tear down; returns the exit status."""
-    from radixlm.srt.launch_server import _port_unavailable, startup_failed
+    from radixlm.srt.launch_server import port_unavailable, startup_failed
 
     configure_launcher_logging(args.log_level)
     try:
@@ -93,7 +93,7 @@ def serve_ray(args: ServerArgs, options: RayServeOptions, ray_address: Optional[
         from ray import serve
     except ImportError as e:
         return startup_failed(f"serve-ray needs Ray Serve ({e}): pip install 'radixlm[ray]'")
-    problem = _port_unavailable(args.host, args.port)
+    problem = port_unavailable(args.host, args.port)
     if problem is not None:
         return startup_failed(problem)
     from radixlm.srt.model_loader import ModelLoadError, resolve_model_path
