@@ -243,7 +243,16 @@ def number_range_regex(lo: Optional[int], hi: Optional[int]) -> str:
     return "(" + "|".join(alts) + ")"
 
 
-def _numeric_bounds(node: dict[str, Any], integer: bool) -> tuple[Optional[int], Optional[int]]:
+def numeric_bounds(node: dict[str, Any], integer: bool, backend: str = "the outlines backend"
+                   ) -> tuple[Optional[int], Optional[int]]:
+    """The inclusive integer range [lo, hi] (None: unbounded side) a numeric schema's bounds allow,
+    for ``integer_range_regex`` / ``number_range_regex``.
+
+    Raises:
+        GrammarError: a bound is not a finite number, or a number (not integer) schema has an
+            exclusive or fractional bound (the regexes cannot express it); ``backend`` names the
+            grammar path in the message.
+    """
     lo: Optional[int] = None
     hi: Optional[int] = None
     for key in _BOUNDS:
@@ -257,8 +266,8 @@ def _numeric_bounds(node: dict[str, Any], integer: bool) -> tuple[Optional[int],
             bound = {"minimum": math.ceil(value), "exclusiveMinimum": math.floor(value) + 1,
                      "maximum": math.floor(value), "exclusiveMaximum": math.ceil(value) - 1}[key]
         elif exclusive or value != int(value):
-            raise GrammarError(f"the outlines backend supports only inclusive integer bounds on "
-                               f"numbers, got {key}={value!r}; use --grammar-backend xgrammar")
+            raise GrammarError(f"{backend} supports only inclusive integer bounds on "
+                               f"numbers, got {key}={value!r}")
         else:
             bound = int(value)
         if key.endswith("inimum"):
@@ -296,7 +305,10 @@ def prepare_outlines_schema(text: str) -> tuple[str, dict[str, str]]:
         if kind not in _NUMERIC_TYPES:
             raise GrammarError("the outlines backend supports numeric bounds only on a schema of "
                                f"type integer or number, got type {kind!r}")
-        lo, hi = _numeric_bounds(node, integer=kind == "integer")
+        try:
+            lo, hi = numeric_bounds(node, integer=kind == "integer")
+        except GrammarError as e:
+            raise GrammarError(f"{e}; use --grammar-backend xgrammar") from None
         regex = integer_range_regex(lo, hi) if kind == "integer" else number_range_regex(lo, hi)
         placeholder = f"__radixlm_bound_{len(splices)}__"
         splices[f'"{placeholder}"'] = regex

@@ -7,7 +7,10 @@ strings, lists, dicts with string keys). Numbers are bounded like the JSON gramm
 6 fraction digits), so output cannot run away in digits.
 
 Supported keywords: ``type`` (one or a list), ``properties``, ``required``, ``items``, ``enum``,
-``const``, ``anyOf``/``oneOf``, ``minLength``/``maxLength``, ``minItems``/``maxItems``, and
+``const``, ``anyOf``/``oneOf``, ``minLength``/``maxLength``, ``minItems``/``maxItems``, numeric bounds
+(``minimum``/``maximum``/``exclusiveMinimum``/``exclusiveMaximum`` on integers; inclusive integer-valued
+``minimum``/``maximum`` on numbers: the digit-range lowering of ``constrained.schema_rewrite``, so
+``days: {"type": "integer", "minimum": 1, "maximum": 14}`` admits exactly 1..14), and
 annotations (``description``, ``title``, ``default``, ``examples``). Anything else raises
 ``UnsupportedSchema`` (the route answers 400), rather than allowing calls that break the schema.
 ``additionalProperties`` is accepted and read as false (only the listed properties are written).
@@ -19,10 +22,15 @@ import json
 import re
 from typing import Any
 
+from radixlm.constrained.schema_rewrite import integer_range_regex, number_range_regex, numeric_bounds
+from radixlm.constrained.spec import GrammarError
+
 _ANNOTATIONS = frozenset({"description", "title", "default", "examples", "$schema", "additionalProperties",
                           "strict"})
 _KNOWN = frozenset({"type", "properties", "required", "items", "enum", "const", "anyOf", "oneOf", "minLength",
-                    "maxLength", "minItems", "maxItems"}) | _ANNOTATIONS
+                    "maxLength", "minItems", "maxItems", "minimum", "maximum", "exclusiveMinimum",
+                    "exclusiveMaximum"}) | _ANNOTATIONS
+_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 _PRIMITIVE = {"string": "string", "integer": "integer", "number": "number", "boolean": "boolean", "null": "null"}
 _BASE_RULES = r'''
 string ::= "\"" char* "\""
@@ -68,6 +76,8 @@ class _Builder:
             return "(" + " | ".join(self.value({**schema, "type": t}, where) for t in types) + ")"
         if types == "string" and ("minLength" in schema or "maxLength" in schema):
             return self.rule(f'"\\"" char{_repeat(schema, "minLength", "maxLength", 0)} "\\""')
+        if types in ("integer", "number") and any(k in schema for k in _BOUNDS):
+            return self.rule(_bounded_number(schema, types == "integer", where))
         if types in _PRIMITIVE:
             return _PRIMITIVE[types]
         if types == "array":
@@ -112,6 +122,45 @@ def _repeat(schema: dict[str, Any], low_key: str, high_key: str, used: int) -> s
     if int(high) - used < low:
         raise UnsupportedSchema(f"{low_key} is larger than {high_key}")
     return f"{{{low},{int(high) - used}}}"
+
+
+def _bounded_number(schema: dict[str, Any], integer: bool, where: str) -> str:
+    """EBNF of the integers (numbers) within the schema's bounds, as the JSON grammars bound them."""
+    try:
+        lo, hi = numeric_bounds(schema, integer, "the pythonic tool-call grammar")
+        regex = integer_range_regex(lo, hi) if integer else number_range_regex(lo, hi)
+    except GrammarError as e:
+        raise UnsupportedSchema(f"{where}: {e}") from None
+    return regex_to_ebnf(regex)
+
+
+def regex_to_ebnf(regex: str) -> str:
+    """The EBNF of a regex of literals, ``\\.`` escapes, ``[...]`` classes, groups, ``|``, ``?`` and
+    ``{m,n}`` (the subset ``schema_rewrite``'s range regexes use): literals become quoted strings."""
+    out, i = [], 0
+    while i < len(regex):
+        c = regex[i]
+        if c == "[":
+            j = regex.index("]", i + 1)
+            out.append(regex[i:j + 1])
+            i = j + 1
+            continue
+        if c == "{":
+            j = regex.index("}", i + 1)
+            out[-1] += regex[i:j + 1]
+            i = j + 1
+            continue
+        if c == "?":
+            out[-1] += "?"
+        elif c in "()|":
+            out.append(c)
+        else:
+            if c == "\\":
+                i += 1
+                c = regex[i]
+            out.append(json.dumps(c))
+        i += 1
+    return " ".join(out).replace("( ", "(").replace(" )", ")")
 
 
 def _literal_rule(value: Any) -> str:

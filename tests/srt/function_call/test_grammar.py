@@ -19,7 +19,8 @@ from tests.constrained.driver import generate
 
 WEATHER = FunctionTool("get_weather", {
     "type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
-                                     "unit": {"enum": ["celsius", "fahrenheit"]}, "days": {"type": "integer"}},
+                                     "unit": {"enum": ["celsius", "fahrenheit"]}, "days": {"type": "integer", "minimum": 1, "maximum": 14},
+                                     "temp": {"type": "number", "minimum": -40, "maximum": 50}},
     "required": ["city", "unit"]})
 TIME = FunctionTool("get_time", {"type": "object", "properties": {"zone": {"type": "string", "maxLength": 8}},
                                  "required": ["zone"]})
@@ -130,7 +131,30 @@ def test_reasoning_block_comes_first_and_is_free() -> None:
     assert [c.name for c in calls] == ["get_time"]
 
 
+def test_pythonic_grammar_bounds_numbers_exactly() -> None:
+    from xgrammar import Grammar
+    from xgrammar.testing import _is_grammar_accept_string
+
+    grammar = Grammar.from_ebnf(kwargs_grammar(WEATHER.parameters))
+
+    def ok(args: str) -> bool:
+        return _is_grammar_accept_string(grammar, 'city="Oslo", unit="celsius", ' + args)
+
+    assert all(ok(f"days={d}") for d in range(1, 15))
+    assert not any(ok(f"days={d}") for d in ("0", "15", "-1", "01", "140", "1.0"))
+    assert all(ok(f"temp={t}") for t in ("-40", "-40.0", "50", "50.000", "0", "-0.5", "12.25", "49.999999"))
+    assert not any(ok(f"temp={t}") for t in ("-40.5", "50.01", "51", "-41", "1e3", "12.1234567"))
+    exclusive = {"type": "object", "properties": {"n": {"type": "integer", "exclusiveMinimum": 0,
+                                                        "exclusiveMaximum": 3.5}}}
+    g = Grammar.from_ebnf(kwargs_grammar(exclusive))
+    assert [n for n in range(-2, 6) if _is_grammar_accept_string(g, f"n={n}")] == [1, 2, 3]
+
+
 def test_pythonic_grammar_rejects_schemas_it_cannot_express() -> None:
+    with pytest.raises(UnsupportedSchema, match=r"parameters.properties.x: .*exclusiveMinimum=0"):
+        kwargs_grammar({"type": "object", "properties": {"x": {"type": "number", "exclusiveMinimum": 0}}})
+    with pytest.raises(UnsupportedSchema, match="empty integer range"):
+        kwargs_grammar({"type": "object", "properties": {"x": {"type": "integer", "minimum": 5, "maximum": 2}}})
     with pytest.raises(UnsupportedSchema, match="pattern"):
         kwargs_grammar({"type": "object", "properties": {"a": {"type": "string", "pattern": "x"}}})
     with pytest.raises(UnsupportedSchema, match="keyword argument"):
