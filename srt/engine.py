@@ -77,7 +77,8 @@ class Engine:
 
         Raises:
             InvalidRequestError: bad input (empty, too long, ids outside the vocabulary, bad
-                sampling values); nothing is queued then.
+                sampling values, an explicit ``max_new_tokens`` beyond the context left after the
+                prompt, as ``/generate``'s 400); nothing is queued then.
         """
         with self._lock:
             return self._generate(prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
@@ -92,8 +93,11 @@ class Engine:
         rids = self._rids(rid, n)
         validate_top_logprobs_num(top_logprobs_num)
         msgs = []
-        for ids, params in zip(prompts_ids, params_list):
-            validate_generate_input(ids, params, self.model_config.vocab_size, self.model_config.context_len)
+        raws = sampling_params if isinstance(sampling_params, list) else [sampling_params] * n
+        for ids, params, raw in zip(prompts_ids, params_list, raws):
+            # As /generate: an explicit max_new_tokens that cannot fit is an error; the default is clamped.
+            validate_generate_input(ids, params, self.model_config.vocab_size, self.model_config.context_len,
+                                    strict_max_new_tokens=(raw or {}).get("max_new_tokens") is not None)
             validate_logprob_start_len(logprob_start_len, len(ids), return_logprob)
         ns = {params.n for params in params_list}
         if len(ns) > 1:

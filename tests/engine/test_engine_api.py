@@ -152,6 +152,9 @@ def test_abort_by_rid_prefix(engine):
     ({"prompt": "hi", "sampling_params": {"min_p": 2}}, "min_p"),
     ({"prompt": "hi", "sampling_params": {"frequency_penalty": float("inf")}}, "frequency_penalty"),
     ({"prompt": "hi", "sampling_params": {"max_new_tokens": -1}}, "max_new_tokens"),
+    ({"input_ids": [1] * 2000, "sampling_params": {"max_new_tokens": 49}},
+     r"max_new_tokens must be in \[0, 48\] for this input"),
+    ({"input_ids": [[1] * 10, [1] * 2000], "sampling_params": [{}, {"max_new_tokens": 100}]}, r"\[0, 48\]"),
     ({"prompt": "hi", "sampling_params": {"bogus": 1}}, "bogus"),
     ({"prompt": "hi", "sampling_params": {"logit_bias": {"9999": 1.0}}}, "logit_bias"),
 ])
@@ -159,6 +162,16 @@ def test_bad_input_is_a_typed_error_and_engine_survives(engine, kwargs, fragment
     with pytest.raises(InvalidRequestError, match=fragment):
         engine.generate(**kwargs)
     assert engine.generate("Lily", GREEDY)["meta_info"]["completion_tokens"] == 8
+
+
+def test_default_max_new_tokens_is_clamped_to_the_context(engine):
+    # As /generate: only an explicit max_new_tokens that cannot fit is an error; the default (128)
+    # is clamped, so a prompt 1 token short of the context gets exactly one token.
+    assert engine.model_config.context_len == 2048
+    out = engine.generate(input_ids=[1] * 2047, sampling_params={"ignore_eos": True})
+    assert out["meta_info"]["completion_tokens"] == 1
+    fits = engine.generate(input_ids=[1] * 2000, sampling_params={"max_new_tokens": 48, "ignore_eos": True})
+    assert fits["meta_info"]["completion_tokens"] == 48
 
 
 def test_stop_regex_and_empty_list(engine):
