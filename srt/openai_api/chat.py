@@ -115,6 +115,10 @@ async def prepare_chat(ctx: ServingContext, req: ChatCompletionRequest) -> Prepa
     if plan.structural_tag is not None:
         grammar = {"structural_tag": plan.structural_tag}
     params = native_sampling_params(req, budget, grammar)
+    if plan.mode in ("required", "named"):
+        # The output is only the call(s), ended by their grammar: a stop string or token would cut
+        # a call short (an agent's usual stop ["\n"] ended one at "<tool_call>"), so none applies.
+        params["stop"], params["stop_token_ids"] = None, None
     if plan.parse and ctx.tool_markers_special and req.skip_special_tokens is None:
         params["skip_special_tokens"] = False  # the parser must see its markers
     top_n = (req.top_logprobs or 0) if req.logprobs else 0

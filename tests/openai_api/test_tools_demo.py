@@ -52,6 +52,16 @@ def test_required_without_parallel_calls_is_one_call(demo):
     assert got.finish_reason == "tool_calls" and _city(got.message)
 
 
+@pytest.mark.parametrize("stop", [["\n"], ["}"], ["Paris", "<tool_call>"]])
+def test_stop_strings_do_not_cut_a_forced_call(demo, stop):
+    # An agent's usual stop ["\n"] used to end the output at "<tool_call>" (no call, finish stop);
+    # ["}"] cut the arguments before their closing brace. Forced calls end by their grammar alone.
+    for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
+        got = _ask(demo, tool_choice=choice, stop=stop).choices[0]
+        assert got.finish_reason == "tool_calls" and got.message.content is None
+        assert _city(got.message)
+
+
 def test_auto_is_a_valid_call_or_plain_text(demo):
     got = _ask(demo).choices[0]
     if got.message.tool_calls:
