@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
+from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
 from typing import Any, Optional
 
 from radixlm.constrained.spec import GrammarError
@@ -131,16 +132,53 @@ def bound_number(node: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def check_number_range(node: dict[str, Any]) -> dict[str, Any]:
+    """``node`` unchanged if its numeric bounds admit a number the grammars can write (an integer,
+    or a number of at most ``MAX_FRACTION_DIGITS`` fraction digits).
+
+    Raises:
+        GrammarError: no such number lies in the bounds (``exclusiveMinimum: 0, exclusiveMaximum:
+            1e-9``; an integer in [1.2, 1.8]): xgrammar would lower the value to nothing, ``{"n": }``.
+    """
+    if node.get("type") not in _NUMERIC_TYPES or "enum" in node or "const" in node:
+        return node
+    given = {k: node[k] for k in _BOUNDS if k in node}
+    if not given or not all(_is_finite_number(v) for v in given.values()):
+        return node
+    step = Decimal(1).scaleb(-MAX_FRACTION_DIGITS) if node["type"] == "number" else Decimal(1)
+    lo: Optional[Decimal] = None
+    hi: Optional[Decimal] = None
+    for key, value in given.items():
+        exact = Decimal(repr(float(value))) if isinstance(value, float) else Decimal(value)
+        if key.endswith("inimum"):  # the smallest multiple of step at (or above, if exclusive) the bound
+            q = (exact / step).to_integral_value(ROUND_CEILING) * step
+            q = q + step if key == "exclusiveMinimum" and q == exact else q
+            lo = q if lo is None else max(lo, q)
+        else:
+            q = (exact / step).to_integral_value(ROUND_FLOOR) * step
+            q = q - step if key == "exclusiveMaximum" and q == exact else q
+            hi = q if hi is None else min(hi, q)
+    if lo is not None and hi is not None and lo > hi:
+        bounds = ", ".join(f"{k}={v!r}" for k, v in given.items())
+        what = (f"no number of at most {MAX_FRACTION_DIGITS} fraction digits (what the grammar writes)"
+                if node["type"] == "number" else "no integer")
+        raise GrammarError(f"{what} lies within {bounds}")
+    return node
+
+
 def patch_xgrammar_schema(text: str) -> str:
     """Schema text for xgrammar: length-bounded strings go through the JSON-aware pattern path,
     and numbers the schema leaves unbounded get bounds (``bound_number``).
 
     Text that is not a JSON object is returned as is (xgrammar reports it).
+
+    Raises:
+        GrammarError: numeric bounds that admit no number the grammar can write (``check_number_range``).
     """
     schema = _load(text)
     if not isinstance(schema, dict):
         return text
-    patched = map_schema(schema, lambda node: bound_number(_string_length_to_pattern(node)))
+    patched = map_schema(schema, lambda node: bound_number(_string_length_to_pattern(check_number_range(node))))
     return text if patched == schema else _dump(patched)
 
 

@@ -183,3 +183,37 @@ def test_import_is_light() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("bounds,admits", [
+    ({"exclusiveMinimum": 0, "exclusiveMaximum": 1e-9}, False),  # was lowered to an empty value: {"n": }
+    ({"minimum": 1e-9, "maximum": 2e-9}, False),
+    ({"exclusiveMinimum": 0, "exclusiveMaximum": 0.000001}, False),
+    ({"exclusiveMinimum": 0, "exclusiveMaximum": 0.000002}, True),  # 0.000001
+    ({"minimum": 0.5, "maximum": 0.5}, True),
+    ({"minimum": 0.1234565, "maximum": 0.1234569}, False),
+    ({"minimum": 0.1234565, "maximum": 0.123457}, True),
+    ({"exclusiveMinimum": 0}, True),
+    ({"minimum": 1e300}, True),  # many integer digits, but writable (the bound keeps its digit count)
+])
+def test_number_ranges_the_grammar_cannot_write_are_errors(bounds, admits):
+    schema = json.dumps({"type": "object", "properties": {"n": {"type": "number", **bounds}}})
+    if admits:
+        patch_xgrammar_schema(schema)
+    else:
+        with pytest.raises(GrammarError, match="no number of at most 6 fraction digits"):
+            patch_xgrammar_schema(schema)
+
+
+@pytest.mark.parametrize("bounds,admits", [
+    ({"minimum": 1.2, "maximum": 1.8}, False), ({"exclusiveMinimum": 1, "exclusiveMaximum": 2}, False),
+    ({"minimum": 3, "maximum": 2}, False), ({"minimum": 1.2, "maximum": 2}, True),
+    ({"exclusiveMinimum": 1, "exclusiveMaximum": 3}, True),
+])
+def test_integer_ranges_without_an_integer_are_errors(bounds, admits):
+    schema = json.dumps({"type": "integer", **bounds})
+    if admits:
+        patch_xgrammar_schema(schema)
+    else:
+        with pytest.raises(GrammarError, match="no integer lies within"):
+            patch_xgrammar_schema(schema)

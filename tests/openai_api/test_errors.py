@@ -53,6 +53,16 @@ CASES = [
      {"messages": USER,
       "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "foo"}}}},
      400, "foo", "response_format"),
+    ("response_format number range below the grammar's precision", CHAT,
+     {"messages": USER, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+         "type": "object", "properties": {"n": {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1e-9}},
+         "required": ["n"]}}}},
+     400, "no number of at most 6 fraction digits", "response_format"),
+    ("tool parameters with an empty integer range", CHAT,
+     {"messages": USER, "tool_choice": "required", "tools": [{"type": "function", "function": {
+         "name": "f", "parameters": {"type": "object", "properties": {"k": {"type": "integer", "minimum": 1.2,
+                                                                          "maximum": 1.8}}}}}]},
+     400, "no integer lies within minimum=1.2, maximum=1.8", "tools.0.function.parameters"),
     ("response_format and regex", CHAT, {"messages": USER, "response_format": {"type": "json_object"}, "regex": "a"},
      400, "at most one output constraint", "regex"),
     ("bad regex", COMPLETIONS, {"prompt": "Lily", "regex": "(("}, 400, "parenthesis", "regex"),
