@@ -27,6 +27,7 @@ from radixlm.srt.openai_api.common import (CHAT_PARAM_NAMES, ServingContext, fin
                                            grammar_params, guarded_stream, max_new_tokens, native_sampling_params, new_id,
                                            run_to_completion, sse, tokenize, usage_info)
 from radixlm.srt.function_call import ReasoningGrammar
+from radixlm.srt.function_call.checked import CheckedParser
 from radixlm.srt.openai_api.chat_output import ChoiceOutput
 from radixlm.srt.openai_api.logprobs import TokenStrings, chat_logprobs
 from radixlm.srt.openai_api.protocol import (ChatChoice, ChatCompletionChunk, ChatCompletionRequest,
@@ -127,7 +128,10 @@ async def prepare_chat(ctx: ServingContext, req: ChatCompletionRequest) -> Prepa
     prep = await ctx.tm.prepare(greq)
     ctx.tm.check_admission(prep)
     separate = reasoning if req.separate_reasoning is not False else None
-    return PreparedChat(prompt_ids, plan, separate, ctx.tool_parser if plan.parse else None, prep, top_n)
+    parser = ctx.tool_parser if plan.parse else None
+    if parser is not None and plan.structural_tag is None:  # calls only parsed: keep the allowed ones
+        parser = CheckedParser(parser, plan.tools)
+    return PreparedChat(prompt_ids, plan, separate, parser, prep, top_n)
 
 
 async def create_chat_completion(ctx: ServingContext, req: ChatCompletionRequest, request: Request) -> Response:

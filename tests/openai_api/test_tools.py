@@ -108,6 +108,33 @@ def test_streamed_calls_equal_non_streamed(tc, tool_choice):
     assert final.finish_reason == once.finish_reason == "tool_calls"
 
 
+def _forced_auto(tc, regex: str, stream: bool):
+    """auto with a regex: the constraint wins, calls are only parsed (stories260K writes the regex)."""
+    if not stream:
+        return _create(tc, tools=TOOLS, tool_choice="auto", extra_body={"regex": regex}).choices[0].message
+    with tc.chat.completions.stream(model="m", messages=ASK, tools=TOOLS, temperature=0, max_tokens=MAX,
+                                    extra_body={"regex": regex}) as s:
+        return s.get_final_completion().choices[0].message
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("text,calls", [
+    ('<tool_call>\n{"name": "get_time", "arguments": {"zone": "UTC"}}\n</tool_call>', [("get_time", {"zone": "UTC"})]),
+    # Not allowed: a function that is not among the tools, arguments that are not JSON, not an object.
+    ('<tool_call>\n{"name": "nope", "arguments": {"zone": "UTC"}}\n</tool_call>', []),
+    ('<tool_call>\n{"name": "get_time", "arguments": {"zone": UTC}}\n</tool_call>', []),
+    ('<tool_call>\n{"name": "get_time", "arguments": [1]}\n</tool_call>', []),
+    ('<tool_call>\n{"name": "get_time", "arguments": {"zone": "UT', []),  # cut: the regex ends there
+])
+def test_only_parsed_calls_are_the_allowed_ones(tc, stream, text, calls):
+    import re
+    message = _forced_auto(tc, re.escape(text), stream)
+    got = [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls or []]
+    assert got == calls
+    if not calls:  # the text stays: the answer is not lost
+        assert message.content == text
+
+
 def test_stream_delta_shape(tools_server):
     body = {"messages": ASK, "tools": TOOLS, "tool_choice": "required", "temperature": 0, "max_tokens": MAX,
             "stream": True}
