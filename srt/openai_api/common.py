@@ -10,8 +10,10 @@ in any batch (the engine's per-request seeds do not depend on the batch).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
+import math
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from types import MappingProxyType
@@ -256,6 +258,9 @@ def validation_message(errors: list[dict], rewrite_extra_fields: bool = True) ->
     for e in errors:
         loc = [str(p) for p in e.get("loc", ()) if p != "body" and not _is_type_tag(p)]
         msg = str(e.get("msg", "invalid")).replace("Value error, ", "")
+        value = e.get("input")
+        if isinstance(value, float) and not math.isfinite(value):  # pydantic: "less than or equal to 2"
+            msg = f"must be a finite number, got {value}"
         if rewrite_extra_fields and e.get("type") == "extra_forbidden":
             msg = "unknown field (not supported by this server)"
         by_field.setdefault(loc[0] if loc else "", []).append((loc, msg))
@@ -270,7 +275,23 @@ def validation_message(errors: list[dict], rewrite_extra_fields: bool = True) ->
 
 
 def _is_type_tag(part: object) -> bool:
-    """pydantic names union branches and validators in ``loc`` (``str``, ``list[int]``, ``function-...``)."""
+    """pydantic names union branches and validators in ``loc`` (``str``, ``list[int]``, ``function-...``,
+    a model class such as ``NamedToolChoice``): not field names."""
     if isinstance(part, str) and part.startswith("function-"):
         return True
+    if isinstance(part, str) and part[:1].isupper() and part in _model_class_names():
+        return True
     return isinstance(part, str) and (part in ("str", "int", "float", "bool") or "[" in part)
+
+
+@functools.lru_cache(maxsize=1)
+def _model_class_names() -> frozenset[str]:
+    """Names of the pydantic request models (union branches in ``loc``; computed once)."""
+    seen: set[str] = set()
+    todo = list(BaseModel.__subclasses__())
+    while todo:
+        cls = todo.pop()
+        if cls.__name__ not in seen:
+            seen.add(cls.__name__)
+            todo.extend(cls.__subclasses__())
+    return frozenset(seen)

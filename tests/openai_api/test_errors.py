@@ -3,6 +3,8 @@ that still answers afterwards. Raw HTTP for exact bodies, the ``openai`` client 
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import openai
 import pytest
@@ -63,6 +65,10 @@ CASES = [
          "name": "f", "parameters": {"type": "object", "properties": {"k": {"type": "integer", "minimum": 1.2,
                                                                           "maximum": 1.8}}}}}]},
      400, "no integer lies within minimum=1.2, maximum=1.8", "tools.0.function.parameters"),
+    ("named tool_choice without a name", CHAT, {"messages": USER, "tool_choice": {"type": "function", "function": {}}},
+     400, "Field required", "tool_choice.function.name"),  # was tool_choice.NamedToolChoice.function.name
+    ("tool_choice of a wrong type", CHAT, {"messages": USER, "tool_choice": 1}, 400, "should be a valid string",
+     "tool_choice"),  # was tool_choice.NamedToolChoice
     ("response_format and regex", CHAT, {"messages": USER, "response_format": {"type": "json_object"}, "regex": "a"},
      400, "at most one output constraint", "regex"),
     ("bad regex", COMPLETIONS, {"prompt": "Lily", "regex": "(("}, 400, "parenthesis", "regex"),
@@ -248,6 +254,15 @@ def test_bad_stream_request_fails_before_streaming(http):
     _assert_openai_error(resp, 400, "at least 1 item", "messages")
     empty_stop = http.post(COMPLETIONS, json={"model": MODEL, "prompt": "Lily", "stop": [""], "stream": True})
     _assert_openai_error(empty_stop, 400, "stop strings must be non-empty", "stop")
+
+
+@pytest.mark.parametrize("field", ["temperature", "top_p", "presence_penalty"])
+def test_non_finite_numbers_are_named_as_such(http, field):
+    # JSON has no NaN, but Python's json (and so the body parser) reads the literal; pydantic's
+    # range check then said "less than or equal to 2", which NaN is not the problem with.
+    body = json.dumps({"model": MODEL, "messages": USER, field: float("nan")})
+    got = http.post(CHAT, content=body, headers={"Content-Type": "application/json"})
+    _assert_openai_error(got, 400, "must be a finite number, got nan", field)
 
 
 def test_malformed_json_and_not_an_object(http):
