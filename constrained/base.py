@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from radixlm.constrained.closing import (
     CLOSE_MARGIN,
+    MAX_CLOSING_PATH,
     MAX_STRING_CHARS,
     ClosingVocab,
     JsonLexer,
@@ -150,7 +151,9 @@ class GrammarMatcher(ABC):
         self._closing: Optional[ClosingVocab] = None  # set by enable_closing (JSON grammars)
         self._lexer: Optional[JsonLexer] = None
         self.close_reserve = 0  # tokens left at which the whole document starts closing
+        self._close_budget = True  # False: only long strings are closed (no closing path exists)
         self._plan: list[int] = []  # the closing path from the current state (when known)
+        self._plan_failed = False  # a closing path was searched for and not found: not again (until a rollback)
 
     # -- public API ------------------------------------------------------------------------------
     def accept_token(self, token_id: int) -> bool:
@@ -166,7 +169,7 @@ class GrammarMatcher(ABC):
             if self._plan and self._plan[0] == token_id:
                 self._plan.pop(0)  # still the closing path from the new state
             else:
-                self._plan = []
+                self._plan = []  # a failed search stays failed: closing gave up for this output
         return True
 
     def fill_bitmask(self, bitmask: "torch.Tensor", row: int,
@@ -194,13 +197,17 @@ class GrammarMatcher(ABC):
         if self._lexer is None or self._closing is None:
             return
         state = self._lexer.state
-        budget = tokens_left is not None and tokens_left <= self.close_reserve + state.depth
+        budget = self._close_budget and tokens_left is not None and tokens_left <= self.close_reserve + state.depth
         if not budget and not (state.in_string and state.chars >= MAX_STRING_CHARS):
             return
         if self._closing.narrow(bitmask, row, state) or not budget:
             return
-        if not self._plan:
-            self._plan = closing_path(self.copy(), self._closing) or []
+        if not self._plan and not self._plan_failed:
+            # Searched as far as closing from the start took (or the budget, if larger); a failed
+            # search is not repeated (each costs up to LOOKAHEAD + 1 masks per token of the limit).
+            limit = min(MAX_CLOSING_PATH, max(tokens_left, self.close_reserve + state.depth))
+            path = closing_path(self.copy(), self._closing, limit=limit)
+            self._plan, self._plan_failed = path or [], path is None
         if self._plan:
             allowed = bitmask[row, self._plan[0] // 32] >> (self._plan[0] % 32) & 1
             if bool(allowed):  # always, unless the row was narrowed by something else
@@ -211,18 +218,22 @@ class GrammarMatcher(ABC):
         """Where the JSON output stands (``closing.LexState``); None: closing not enabled."""
         return None if self._lexer is None else self._lexer.state
 
-    def enable_closing(self, vocab: ClosingVocab, reserve: int) -> None:
+    def enable_closing(self, vocab: ClosingVocab, reserve: int, budget: bool = True) -> None:
         """Close the output in time (``closing``); for JSON grammars, on a fresh matcher.
 
         Args:
             vocab: the backend's closing tokens and token bytes.
             reserve: ``close_reserve``, in tokens (>= 0).
+            budget: close the document when the budget runs low (False where the grammar has no
+                closing path from its start, e.g. an email ``format`` or ``minItems: 1000``: only
+                strings past ``MAX_STRING_CHARS`` are closed then).
         Raises:
             ValueError: tokens were accepted already, or ``reserve`` < 0.
         """
         if self.num_accepted or reserve < 0:
             raise ValueError("enable_closing needs a fresh matcher and a reserve >= 0")
         self._closing, self._lexer, self.close_reserve = vocab, JsonLexer(), reserve
+        self._close_budget = budget
 
     def rollback(self, num_tokens: int) -> None:
         """Undo the last ``num_tokens`` accepted tokens (a stop token counts as one).
@@ -238,7 +249,7 @@ class GrammarMatcher(ABC):
             self.num_accepted -= num_tokens
             if self._lexer is not None:
                 self._lexer.pop(num_tokens)
-                self._plan = []
+                self._plan, self._plan_failed = [], False
 
     def reset(self) -> None:
         """Back to the initial state (nothing accepted)."""
@@ -246,7 +257,7 @@ class GrammarMatcher(ABC):
         self.num_accepted = 0
         if self._lexer is not None:
             self._lexer.reset()
-            self._plan = []
+            self._plan, self._plan_failed = [], False
 
     def copy(self) -> "GrammarMatcher":
         """An independent matcher in the same state (sharing the compiled grammar)."""
@@ -255,6 +266,7 @@ class GrammarMatcher(ABC):
         if self._lexer is not None:
             twin._closing, twin._lexer = self._closing, self._lexer.copy()
             twin.close_reserve, twin._plan = self.close_reserve, list(self._plan)
+            twin._close_budget, twin._plan_failed = self._close_budget, self._plan_failed
         return twin
 
     def replay(self, token_ids: Iterable[int]) -> bool:
@@ -354,7 +366,8 @@ class GrammarBackend(ABC):
             raise ValueError(f"grammar compiled by {compiled.backend!r}, not {self.name!r}")
         matcher = self._new_matcher(compiled)
         if self.closing_vocab is not None and compiled.closes:
-            matcher.enable_closing(self.closing_vocab, compiled.closing_tokens + CLOSE_MARGIN)
+            matcher.enable_closing(self.closing_vocab, compiled.closing_tokens + CLOSE_MARGIN,
+                                   budget=compiled.closing_tokens < MAX_CLOSING_PATH)
         return matcher
 
     def clear_cache(self) -> None:

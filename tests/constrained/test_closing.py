@@ -153,3 +153,37 @@ def test_every_schema_closes_within_budget(backend: str, model: str) -> None:
             text = m.text(out.body)
             assert out.terminated, f"{backend}/{model}/{name} seed={seed} cut: {text!r}"
             jsonschema.validate(json.loads(text), schema if schema is not None else {"type": "object"})
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "object", "properties": {"to": {"type": "string", "format": "email"}}, "required": ["to"]},
+    {"type": "object", "properties": {"a": {"type": "array", "items": {"type": "integer"}, "minItems": 1000}},
+     "required": ["a"]},
+])
+def test_no_closing_path_means_no_budget_closing_and_no_search(schema, monkeypatch) -> None:
+    # Where the closing heuristic finds no path from the start (an email's pattern, 1,000 required
+    # items), a low budget used to search again on every token (up to 17 masks per token of a
+    # 1,024-token path: ~1.7 s a token, stalling every request of the batch). Such grammars now
+    # only close long strings, and a path search that fails is not repeated.
+    from radixlm.constrained import base
+    from radixlm.constrained.closing import MAX_CLOSING_PATH
+
+    m = load_model("smollm2")
+    be = get_backend("xgrammar", "smollm2")
+    compiled = be.compile(GrammarSpec.json_schema(json.dumps(schema)))
+    assert compiled.closing_tokens == MAX_CLOSING_PATH
+    calls = []
+    monkeypatch.setattr(base, "closing_path", lambda *a, **k: calls.append(k) or None)
+    matcher = be.new_matcher(compiled)
+    gen = generate(matcher, m.vocab_size, m.bias, 0, sample=True, temperature=1.0, max_steps=20, budget=20)
+    assert len(gen.ids) == 20 and calls == []
+    # A grammar that does close, whose path from a later state is not found: one search, not one a token.
+    closable = be.new_matcher(be.compile(GrammarSpec.json_schema(SCHEMAS["optional_fields"])))
+    for tid in m.tokenizer.encode('{"title":', add_special_tokens=False):
+        assert closable.accept_token(tid)
+    for _ in range(3):
+        _allowed(m, closable, tokens_left=closable.close_reserve)
+    allowed = _allowed(m, closable).nonzero().flatten().tolist()
+    assert closable.accept_token(allowed[0])
+    _allowed(m, closable, tokens_left=closable.close_reserve)
+    assert [c["limit"] for c in calls] == [closable.close_reserve + 1]  # + depth 1
