@@ -132,6 +132,43 @@ def bound_number(node: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+# Keywords xgrammar (0.2.x) accepts but does not enforce: outputs violate them (measured with random
+# logits on SmolLM2's vocabulary: uniqueItems 3/6 samples, contains 6/6, if/then 6/6, not 4/6,
+# dependentRequired 3/6, multipleOf 5/6 with an open range). A schema with them is refused.
+_XGRAMMAR_UNENFORCED = ("not", "if", "then", "else", "contains", "minContains", "maxContains",
+                        "dependentRequired", "dependentSchemas", "dependencies")
+
+
+def check_xgrammar_keywords(node: dict[str, Any]) -> dict[str, Any]:
+    """``node`` unchanged if xgrammar enforces every keyword in it.
+
+    Raises:
+        GrammarError: a keyword it would silently ignore (``_XGRAMMAR_UNENFORCED``, ``uniqueItems:
+            true``, ``multipleOf`` other than 1, ``allOf`` of several schemas) or a ``required``
+            name that ``properties`` lacks (never written: the output would miss it).
+    """
+    def refuse(what: str) -> GrammarError:
+        return GrammarError(f"{what} is not enforced by the xgrammar backend (outputs could violate it); "
+                            "remove it from the schema")
+
+    for key in _XGRAMMAR_UNENFORCED:
+        if node.get(key) not in (None, {}, []):
+            raise refuse(f"JSON schema keyword {key!r}")
+    if node.get("uniqueItems") is True:
+        raise refuse("JSON schema keyword 'uniqueItems'")
+    if "multipleOf" in node and node["multipleOf"] != 1:
+        raise refuse("JSON schema keyword 'multipleOf'")
+    if isinstance(node.get("allOf"), list) and len(node["allOf"]) > 1:
+        raise refuse("'allOf' of several schemas")
+    props, required = node.get("properties"), node.get("required")
+    if isinstance(props, dict) and isinstance(required, list):
+        missing = [name for name in required if name not in props]
+        if missing:
+            raise GrammarError(f"required names {missing} that properties does not define (such a property is "
+                               "never written, so the output would miss it)")
+    return node
+
+
 def check_number_range(node: dict[str, Any]) -> dict[str, Any]:
     """``node`` unchanged if its numeric bounds admit a number the grammars can write (an integer,
     or a number of at most ``MAX_FRACTION_DIGITS`` fraction digits).
@@ -173,12 +210,14 @@ def patch_xgrammar_schema(text: str) -> str:
     Text that is not a JSON object is returned as is (xgrammar reports it).
 
     Raises:
-        GrammarError: numeric bounds that admit no number the grammar can write (``check_number_range``).
+        GrammarError: numeric bounds that admit no number the grammar can write (``check_number_range``),
+            or a keyword xgrammar would not enforce (``check_xgrammar_keywords``).
     """
     schema = _load(text)
     if not isinstance(schema, dict):
         return text
-    patched = map_schema(schema, lambda node: bound_number(_string_length_to_pattern(check_number_range(node))))
+    patched = map_schema(schema, lambda node: bound_number(_string_length_to_pattern(
+        check_number_range(check_xgrammar_keywords(node)))))
     return text if patched == schema else _dump(patched)
 
 

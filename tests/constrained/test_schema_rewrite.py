@@ -217,3 +217,31 @@ def test_integer_ranges_without_an_integer_are_errors(bounds, admits):
     else:
         with pytest.raises(GrammarError, match="no integer lies within"):
             patch_xgrammar_schema(schema)
+
+
+@pytest.mark.parametrize("schema,fragment", [
+    ({"type": "array", "items": {"enum": [1, 2]}, "uniqueItems": True}, "'uniqueItems'"),
+    ({"type": "integer", "multipleOf": 7}, "'multipleOf'"),
+    ({"allOf": [{"type": "object"}, {"required": ["b"]}]}, "'allOf' of several schemas"),
+    ({"type": "object", "properties": {"a": {"type": "string"}}, "if": {"required": ["a"]},
+      "then": {"required": ["b"]}}, "'if'"),
+    ({"type": "object", "properties": {"a": {"not": {"type": "string"}}}}, "'not'"),
+    ({"type": "array", "contains": {"const": 5}}, "'contains'"),
+    ({"type": "object", "properties": {"a": {"type": "integer"}}, "dependentRequired": {"a": ["b"]}},
+     "'dependentRequired'"),
+    ({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a", "ghost"]},
+     "required names ['ghost']"),
+])
+def test_keywords_xgrammar_would_ignore_are_refused(schema, fragment):
+    # xgrammar compiles these and ignores them: sampled outputs violated each (uniqueItems [1, 1],
+    # a missing required "ghost", ...), where every output is promised to validate.
+    with pytest.raises(GrammarError, match=re.escape(fragment)):
+        patch_xgrammar_schema(json.dumps({"type": "object", "properties": {"x": schema}, "required": ["x"]}))
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "array", "uniqueItems": False}, {"type": "integer", "multipleOf": 1},
+    {"allOf": [{"$ref": "#/$defs/a"}]}, {"type": "object", "properties": {"a": {}}, "required": ["a"]},
+])
+def test_neutral_uses_of_those_keywords_pass(schema):
+    patch_xgrammar_schema(json.dumps({"$defs": {"a": {"type": "string"}}, **schema}))

@@ -69,6 +69,10 @@ CASES = [
      400, "Field required", "tool_choice.function.name"),  # was tool_choice.NamedToolChoice.function.name
     ("tool_choice of a wrong type", CHAT, {"messages": USER, "tool_choice": 1}, 400, "should be a valid string",
      "tool_choice"),  # was tool_choice.NamedToolChoice
+    ("response_format with a keyword xgrammar ignores", CHAT,
+     {"messages": USER, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+         "type": "object", "properties": {"a": {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}}}}}},
+     400, "'uniqueItems' is not enforced by the xgrammar backend", "response_format"),
     ("response_format and regex", CHAT, {"messages": USER, "response_format": {"type": "json_object"}, "regex": "a"},
      400, "at most one output constraint", "regex"),
     ("bad regex", COMPLETIONS, {"prompt": "Lily", "regex": "(("}, 400, "parenthesis", "regex"),
