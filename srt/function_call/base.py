@@ -63,6 +63,7 @@ class ToolCallParser(ABC):
     name: ClassVar[str] = "base"
     openers: ClassVar[tuple[str, ...]] = ()
     trigger: ClassVar[str] = ""
+    call_triggers: ClassVar[bool] = False  # auto: triggered by the wrapper's opening + a call's, not the opening alone
     separator: ClassVar[str] = "\n"
     wrapper: ClassVar[tuple[str, str]] = ("", "")
 

@@ -44,6 +44,21 @@ def _const(value: str) -> dict[str, Any]:
     return {"type": "const_string", "value": value}
 
 
+def _call_triggered_region(parser: ToolCallParser, tags: list[dict[str, Any]], parallel: bool) -> dict[str, Any]:
+    """``auto`` for a wrapped format whose wrapper opening is common text (pythonic's ``[``): the
+    region is triggered by the opening plus a call's (``[get_weather(``), so ``[1, 2, 3]`` stays free
+    text; the first call's tag carries the wrapper, the others (when ``parallel``) follow it."""
+    begin, end = parser.wrapper
+    more: list[dict[str, Any]] = []
+    if parallel:
+        more = [{"type": "tags_with_separator", "tags": [{**t, "begin": parser.separator + t["begin"]} for t in tags],
+                 "separator": "", "at_least_one": False, "stop_after_first": False}]
+    firsts = [{"type": "tag", "begin": begin + t["begin"], "end": end, "content": {
+        "type": "sequence", "elements": [t["content"], _const(t["end"]), *more]}} for t in tags]
+    return {"type": "triggered_tags", "triggers": [f["begin"] for f in firsts], "tags": firsts,
+            "stop_after_first": True}
+
+
 def tool_call_structural_tag(parser: ToolCallParser, tools: Sequence[FunctionTool], mode: ToolMode,
                              parallel: bool, reasoning: Optional[ReasoningGrammar] = None) -> dict[str, Any]:
     """The structural tag forcing ``mode`` over ``tools`` (``named``: ``tools`` is the one tool).
@@ -60,6 +75,8 @@ def tool_call_structural_tag(parser: ToolCallParser, tools: Sequence[FunctionToo
         "stop_after_first": not parallel}
     if mode != "auto":
         fmt = calls if not begin else {"type": "sequence", "elements": [_const(begin), calls, _const(end)]}
+    elif begin and parser.call_triggers:
+        fmt = _call_triggered_region(parser, tags, parallel)
     elif begin:
         region = {"type": "tag", "begin": begin, "content": calls, "end": end}
         fmt = {"type": "triggered_tags", "triggers": [parser.trigger], "tags": [region], "stop_after_first": True}

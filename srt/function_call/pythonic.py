@@ -29,6 +29,7 @@ class PythonicParser(ToolCallParser):
     name = "pythonic"
     openers = ("[",)
     trigger = "["
+    call_triggers = True  # "[get_weather(" starts a call in auto mode; "[1, 2, 3]" stays text
     separator = ", "
     wrapper = ("[", "]")
 

@@ -86,20 +86,35 @@ def test_auto_free_text_then_a_forced_call_after_the_trigger(parser: str) -> Non
     p = create_tool_parser(parser)
     backend, compiled = _compile(tool_call_structural_tag(p, [WEATHER, TIME], "auto", parallel=False))
     plain = backend.new_matcher(compiled)
-    text_ids = model.tokenizer.encode("Once upon a time, {x} 'y' \"z\" (1)", add_special_tokens=False)
-    if parser != "pythonic":  # its trigger is "[": any "[" starts a call
-        text_ids = model.tokenizer.encode("Once upon a time, [x] {x} \"z\" (1)", add_special_tokens=False)
+    # pythonic too: a list in prose ("[1, 2]") is text; only "[get_weather(" / "[get_time(" start a call
+    text_ids = model.tokenizer.encode("Once upon a time, [x] {x} \"z\" (1) [1, 2]", add_special_tokens=False)
     assert all(plain.accept_token(t) for t in text_ids)  # any text before a call
     assert plain.accept_token(model.eos[0]) and plain.is_terminated()  # and it may end there
     for seed in range(4):
         matcher = backend.new_matcher(compiled)
-        prefix = model.tokenizer.encode("Sure. " + p.trigger, add_special_tokens=False)
+        opening = p.trigger + ("get_time(" if p.call_triggers else "")  # a call's opening, seed by seed
+        prefix = model.tokenizer.encode("Sure. " + opening, add_special_tokens=False)
         assert all(matcher.accept_token(t) for t in prefix)
         gen = generate(matcher, model.vocab_size, model.bias, seed, sample=True, temperature=1.0, max_steps=400)
         assert gen.terminated
         content, calls = _parse(parser, model.text(prefix + gen.body))
         assert content == "Sure." and len(calls) == 1, model.text(prefix + gen.body)
         _check_calls(calls, ["get_weather", "get_time"])
+
+
+def test_pythonic_auto_lets_a_list_be_text_and_forces_a_started_call() -> None:
+    # The trigger used to be "[": "Write a Python list of 1, 2 and 3" came back as a get_weather call.
+    model = load_model("stories")
+    backend, compiled = _compile(tool_call_structural_tag(create_tool_parser("pythonic"), [WEATHER, TIME], "auto", True))
+    text = backend.new_matcher(compiled)
+    assert all(text.accept_token(t) for t in model.tokenizer.encode("[1, 2, 3]", add_special_tokens=False))
+    assert text.accept_token(model.eos[0])
+    call = backend.new_matcher(compiled)
+    assert all(call.accept_token(t) for t in model.tokenizer.encode("Ok [get_time(", add_special_tokens=False))
+    assert not call.accept_token(model.eos[0])  # a started call must be finished
+    two = backend.new_matcher(compiled)
+    ids = model.tokenizer.encode('Ok [get_time(zone="UTC"), get_weather(city=', add_special_tokens=False)
+    assert all(two.accept_token(t) for t in ids)  # parallel calls follow the first
 
 
 def test_auto_trigger_rejects_a_half_formed_call() -> None:
