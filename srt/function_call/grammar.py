@@ -6,9 +6,10 @@ the scheduler's grammar backend compiles it):
 * ``named``: exactly one call of ``tools[0]``.
 * ``required``: one call (``parallel=False``) or one or more separated by ``parser.separator``,
   nothing else; a format with a ``wrapper`` (``[TOOL_CALLS] [`` ... ``]``) writes it around them.
-* ``auto``: free text until the model writes ``parser.trigger``; from there the output must be a
-  whole call (or, for wrapped formats, a whole list of calls); with ``parallel=False`` the output
-  ends after the first call, else text and further calls may follow.
+* ``auto``: free text until the model writes ``parser.trigger`` (with ``parser.call_triggers``, the
+  trigger plus a call's opening: pythonic's ``[get_weather(``, so a list in prose stays text); from
+  there the output must be a whole call (or, for wrapped formats, a whole list of calls); with
+  ``parallel=False`` the output ends after the first call, else text and further calls may follow.
 
 Each call's arguments are the tool's ``parameters`` JSON schema (or, for pythonic, its keyword
 grammar), so every call parses and its arguments validate. ``reasoning``: the output first runs
