@@ -31,6 +31,7 @@ SOURCES = [Path(__file__).parent / "attention" / "cpu" / "paged_attention.cpp",
            Path(__file__).parent / "argmax" / "cpu" / "argmax.cpp",
            Path(__file__).parent / "decoder" / "cpu" / "decoder_layers.cpp"]
 HEADERS = [Path(__file__).parent / "attention" / "cpu" / "amx_attention.h",
+           Path(__file__).parent / "elementwise" / "cpu" / "exp2_avx512.h",
            Path(__file__).parent / "attention" / "cpu" / "pair_tile_attention.h",
            Path(__file__).parent / "attention" / "cpu" / "dpbf16_attention.h",
            Path(__file__).parent / "gemm" / "cpu" / "microkernel.h", Path(__file__).parent / "gemm" / "cpu" / "transpose.h",

@@ -34,6 +34,7 @@
 #include <ATen/cpu/vec/functional.h>
 #include <torch/library.h>
 
+#include "../../elementwise/cpu/exp2_avx512.h"
 #include "../../gemm/cpu/amx_tiles.h"
 #include "../../gemm/cpu/transpose.h"
 #include "../../gemm/cpu/work_stealing.h"
@@ -75,8 +76,18 @@ inline void scale(float* y, float a, int64_t d) {
   for (; i < d; ++i) y[i] *= a;
 }
 
-// max(s[0..n)) (exact in any order; n >= 1).
+// max(s[0..n)) (exact in any order; n >= 1). A NaN score may or may not reach the maximum; either way
+// its exponential is NaN, so the output row is NaN as with any NaN-propagating maximum.
 inline float block_max(const float* s, int64_t n) {
+#ifdef CPU_CAPABILITY_AVX512
+  // vmaxps without at::vec::maximum's NaN blend, and one reduction per call: ~2x fewer instructions
+  // per score on the pair tile path, where this runs once per query vector and key block.
+  __m512 acc = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) acc = _mm512_max_ps(acc, _mm512_loadu_ps(s + i));
+  if (i < n) acc = _mm512_max_ps(acc, _mm512_mask_loadu_ps(acc, static_cast<__mmask16>((1u << (n - i)) - 1), s + i));
+  return _mm512_reduce_max_ps(acc);
+#else
   int64_t i = 0;
   float m = -std::numeric_limits<float>::infinity();
   if (n >= Vec::size()) {
@@ -86,6 +97,7 @@ inline float block_max(const float* s, int64_t n) {
   }
   for (; i < n; ++i) m = std::max(m, s[i]);
   return m;
+#endif
 }
 
 // s[0..n) = exp(s - m); returns the sum.

@@ -81,24 +81,9 @@ __attribute__((target("avx512f,avx512bw"))) inline void pair_values(const at::BF
 // writes p = bf16(2^(s c - m)) (zero up to npad), with c = scaling * log2(e) and m the running maximum
 // in the same base-2, scaled units (m = c max s: scaling > 0, so the maximum commutes with it), and
 // returns the fp32 sum. The scaling is folded into the exponent's single FMA, so the scores are read
-// twice and written never. exp2 is Cephes' single-precision exp2f polynomial on [-1/2, 1/2] (Moshier
-// 1989; ~1 ulp, far below the bf16 rounding of p that follows) with 2^n by vscalefps: about half the
-// instructions of Sleef's u10 expf, which the other paths use.
-// 2^t for t >= -150 (below, 0); the caller's t are <= ~0 (scores minus their running maximum).
-__attribute__((target("avx512f"))) inline __m512 exp2_ps(__m512 t) {
-  t = _mm512_max_ps(t, _mm512_set1_ps(-150.f));  // 2^-150 rounds to 0 either way; keeps n in range
-  const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_sub_ps(t, n);  // exact, in [-1/2, 1/2]
-  __m512 p = _mm512_set1_ps(1.535336188319500e-4f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.339887440266574e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618437357674640e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550332471162809e-2f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402264791363012e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931472028550421e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
-  return _mm512_scalef_ps(p, n);
-}
-
+// twice and written never. exp2 is radixlm_math::exp2_ps (elementwise/cpu/exp2_avx512.h: ~1 ulp, far
+// below the bf16 rounding of p that follows; about half the instructions of Sleef's u10 expf, which the
+// other paths use).
 __attribute__((target("avx512f,avx512bf16,avx512vl"))) inline float exp_to_bf16(const float* s, float c, float m,
                                                                                int64_t n, int64_t npad,
                                                                                at::BFloat16* p) {
@@ -106,7 +91,7 @@ __attribute__((target("avx512f,avx512bf16,avx512vl"))) inline float exp_to_bf16(
   __m512 sum = _mm512_setzero_ps();
   for (int64_t j = 0; j < npad; j += 16) {
     const __mmask16 k = n - j >= 16 ? 0xFFFF : n > j ? static_cast<__mmask16>((1u << (n - j)) - 1) : 0;
-    const __m512 e = _mm512_maskz_mov_ps(k, exp2_ps(_mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, s + j), vc, vm)));
+    const __m512 e = _mm512_maskz_mov_ps(k, radixlm_math::exp2_ps(_mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, s + j), vc, vm)));
     sum = _mm512_add_ps(sum, e);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + j), (__m256i)_mm512_cvtneps_pbh(e));
   }
