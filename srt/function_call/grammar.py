@@ -6,8 +6,9 @@ the scheduler's grammar backend compiles it):
 * ``named``: exactly one call of ``tools[0]``.
 * ``required``: one call (``parallel=False``) or one or more separated by ``parser.separator``,
   nothing else; a format with a ``wrapper`` (``[TOOL_CALLS] [`` ... ``]``) writes it around them.
-* ``auto``: free text until the model writes ``parser.trigger`` (with ``parser.call_triggers``, the
-  trigger plus a call's opening: pythonic's ``[get_weather(``, so a list in prose stays text); from
+* ``auto``: free text until the model writes ``parser.trigger`` (with ``parser.call_triggers``, a
+  tool's whole call opening, ``auto_triggers``: pythonic's ``[get_weather(``, so a list in prose stays
+  text; llama3's ``{"name": "get_weather", "parameters": ``, so a JSON answer with a "name" stays text); from
   there the output must be a whole call (or, for wrapped formats, a whole list of calls); with
   ``parallel=False`` the output ends after the first call, else text and further calls may follow.
 
@@ -60,6 +61,13 @@ def _call_triggered_region(parser: ToolCallParser, tags: list[dict[str, Any]], p
             "stop_after_first": True}
 
 
+def auto_triggers(parser: ToolCallParser, tools: Sequence[FunctionTool]) -> list[str]:
+    """For a parser with ``call_triggers``: the texts that start a forced call in ``auto`` mode, one per
+    tool: the wrapper's opening plus the call's (pythonic ``[get_weather(``, llama3
+    ``{"name": "get_weather", "parameters": ``). Before one of them the output is free text."""
+    return [parser.wrapper[0] + parser.call_tag(t)["begin"] for t in tools]
+
+
 def tool_call_structural_tag(parser: ToolCallParser, tools: Sequence[FunctionTool], mode: ToolMode,
                              parallel: bool, reasoning: Optional[ReasoningGrammar] = None) -> dict[str, Any]:
     """The structural tag forcing ``mode`` over ``tools`` (``named``: ``tools`` is the one tool).
@@ -82,8 +90,8 @@ def tool_call_structural_tag(parser: ToolCallParser, tools: Sequence[FunctionToo
         region = {"type": "tag", "begin": begin, "content": calls, "end": end}
         fmt = {"type": "triggered_tags", "triggers": [parser.trigger], "tags": [region], "stop_after_first": True}
     else:
-        fmt = {"type": "triggered_tags", "triggers": [parser.trigger], "tags": tags,
-               "stop_after_first": not parallel}
+        triggers = auto_triggers(parser, tools) if parser.call_triggers else [parser.trigger]
+        fmt = {"type": "triggered_tags", "triggers": triggers, "tags": tags, "stop_after_first": not parallel}
     if reasoning is not None and (reasoning.starts_inside or mode == "auto"):
         block: dict[str, Any] = {"type": "tag", "begin": "" if reasoning.starts_inside else reasoning.start,
                                  "content": {"type": "any_text"}, "end": reasoning.end}

@@ -5,7 +5,8 @@
 optionally after ``<|python_tag|>``; parallel calls are separated by ``;``. A bare object counts
 as a call at the very start of the output (after whitespace) or, later, where it begins exactly as
 the grammar's trigger ``{"name": `` does, so other JSON in an answer stays text; an object without
-a string ``name`` is text too.
+a string ``name`` is text too. In ``auto`` mode under a grammar only a requested tool's whole opening
+starts a call (``TriggeredParser``), so an answer such as ``{"name": "Alice", "age": 3}`` stays text.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ class Llama3Parser(ToolCallParser):
     name = "llama3"
     openers = (PYTHON_TAG, "{")
     trigger = '{"name": '
+    call_triggers = True  # auto: a tool's '{"name": "get_weather", "parameters": ' starts a call; {"name": "Alice"} stays text
     separator = "; "
 
     def region_allowed(self, text: str, pos: int, final: bool) -> Optional[bool]:

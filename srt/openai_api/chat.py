@@ -27,13 +27,12 @@ from radixlm.srt.openai_api.common import (CHAT_PARAM_NAMES, ServingContext, fin
                                            grammar_params, guarded_stream, max_new_tokens, native_sampling_params, new_id,
                                            run_to_completion, sse, tokenize, usage_info)
 from radixlm.srt.function_call import ReasoningGrammar
-from radixlm.srt.function_call.checked import CheckedParser
 from radixlm.srt.openai_api.chat_output import ChoiceOutput
 from radixlm.srt.openai_api.logprobs import TokenStrings, chat_logprobs
 from radixlm.srt.openai_api.protocol import (ChatChoice, ChatCompletionChunk, ChatCompletionRequest,
                                              ChatCompletionResponse, ChatStreamChoice, ChoiceLogprobs,
                                              DeltaMessage, OpenAIError, ResponseFormat)
-from radixlm.srt.openai_api.tool_request import ToolPlan, plan_tools, request_tools, tool_mode
+from radixlm.srt.openai_api.tool_request import ToolPlan, output_tool_parser, plan_tools, request_tools, tool_mode
 from radixlm.srt.reasoning_parser import starts_in_reasoning
 
 
@@ -128,9 +127,7 @@ async def prepare_chat(ctx: ServingContext, req: ChatCompletionRequest) -> Prepa
     prep = await ctx.tm.prepare(greq)
     ctx.tm.check_admission(prep)
     separate = reasoning if req.separate_reasoning is not False else None
-    parser = ctx.tool_parser if plan.parse else None
-    if parser is not None and plan.structural_tag is None:  # calls only parsed: keep the allowed ones
-        parser = CheckedParser(parser, plan.tools)
+    parser = output_tool_parser(ctx.tool_parser, plan)
     return PreparedChat(prompt_ids, plan, separate, parser, prep, top_n)
 
 

@@ -27,6 +27,8 @@ from typing import Any, Optional
 from radixlm.srt.function_call import (FunctionTool, ReasoningGrammar, ToolCallParser, ToolMode,
                                        tool_call_structural_tag)
 from radixlm.srt.function_call.function_tool import NO_PARAMETERS
+from radixlm.srt.function_call.checked import CheckedParser
+from radixlm.srt.function_call.triggered import TriggeredParser
 from radixlm.srt.function_call.pythonic_grammar import UnsupportedSchema
 from radixlm.srt.openai_api.protocol import ChatCompletionRequest, OpenAIError
 
@@ -122,6 +124,19 @@ def plan_tools(req: ChatCompletionRequest, tools: list[FunctionTool], parser: To
         raise OpenAIError(f"tools: the tool-call grammar cannot be compiled: {error}", 400, "tools")
     plan.structural_tag = tag
     return plan
+
+
+def output_tool_parser(parser: ToolCallParser, plan: ToolPlan) -> Optional[ToolCallParser]:
+    """How the output's calls are read under ``plan`` (None: not at all): with no grammar only calls the
+    request allows count (``CheckedParser``); in ``auto`` mode under a grammar whose triggers are whole
+    call openings, regions start only there (``TriggeredParser``); else the format's parser."""
+    if not plan.parse:
+        return None
+    if plan.structural_tag is None:
+        return CheckedParser(parser, plan.tools)
+    if plan.mode == "auto" and parser.call_triggers:
+        return TriggeredParser(parser, plan.tools)
+    return parser
 
 
 def _structural_tag(parser: ToolCallParser, chosen: list[FunctionTool], mode: ToolMode, parallel: bool,

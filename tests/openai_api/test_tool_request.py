@@ -6,9 +6,11 @@ import json
 
 import pytest
 
-from radixlm.srt.function_call import ReasoningGrammar, create_tool_parser
+from radixlm.srt.function_call import ReasoningGrammar, ToolCallStream, create_tool_parser
+from radixlm.srt.function_call.checked import CheckedParser
+from radixlm.srt.function_call.triggered import TriggeredParser
 from radixlm.srt.openai_api.protocol import ChatCompletionRequest, OpenAIError
-from radixlm.srt.openai_api.tool_request import ToolValidator, plan_tools, request_tools
+from radixlm.srt.openai_api.tool_request import ToolValidator, output_tool_parser, plan_tools, request_tools
 
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {
     "type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}}}
@@ -57,3 +59,24 @@ def test_validator_caches_accepted_tags_and_reports_bad_ones():
     assert validator.check(good) is None and validator.check(good) is None and len(validator._ok) == 1
     bad = json.dumps({"type": "structural_tag", "format": {"type": "json_schema", "json_schema": {"type": "foo"}}})
     assert "foo" in validator.check(bad) and len(validator._ok) == 1
+
+
+def test_the_output_parser_follows_the_plan():
+    llama3, pythonic = create_tool_parser("llama3"), create_tool_parser("pythonic")
+
+    def parser_for(parser, backend="xgrammar", **body):
+        req = ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "hi"}], **body})
+        plan = plan_tools(req, request_tools(req), parser, ToolValidator(backend), None, None)
+        return output_tool_parser(parser, plan)
+
+    assert parser_for(llama3) is None  # no tools: nothing is parsed
+    assert isinstance(parser_for(llama3, tools=[TOOL]), TriggeredParser)  # auto, grammar: calls at triggers
+    assert isinstance(parser_for(pythonic, tools=[TOOL]), TriggeredParser)
+    assert parser_for(HERMES, tools=[TOOL]) is HERMES  # its trigger is its own marker
+    assert parser_for(llama3, tools=[TOOL], tool_choice="required") is llama3  # the grammar makes the calls
+    assert isinstance(parser_for(llama3, "outlines", tools=[TOOL]), CheckedParser)  # parsed only
+    json_answer = '{"name": "Alice", "age": 3}'
+    stream = ToolCallStream(parser_for(llama3, tools=[TOOL]))
+    stream.feed(json_answer)
+    stream.finish()
+    assert stream.content == json_answer and not stream.calls

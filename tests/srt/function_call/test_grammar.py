@@ -92,7 +92,7 @@ def test_auto_free_text_then_a_forced_call_after_the_trigger(parser: str) -> Non
     assert plain.accept_token(model.eos[0]) and plain.is_terminated()  # and it may end there
     for seed in range(4):
         matcher = backend.new_matcher(compiled)
-        opening = p.trigger + ("get_time(" if p.call_triggers else "")  # a call's opening, seed by seed
+        opening = p.wrapper[0] + p.call_tag(TIME)["begin"] if p.call_triggers else p.trigger  # a call's opening
         prefix = model.tokenizer.encode("Sure. " + opening, add_special_tokens=False)
         assert all(matcher.accept_token(t) for t in prefix)
         gen = generate(matcher, model.vocab_size, model.bias, seed, sample=True, temperature=1.0, max_steps=400)
