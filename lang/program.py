@@ -8,8 +8,8 @@ import inspect
 import logging
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor, as_completed
-from typing import Any, Callable, Optional, Sequence, Union
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
 from radixlm.lang import defaults
 from radixlm.lang.interpreter import StreamExecutor
@@ -27,7 +27,8 @@ class Program:
     - ``program.run(*args, stream=False, backend=None, raise_on_error=False, <sampling defaults>,
       **kwargs) -> ProgramState``; sampling defaults are ``GenParams`` fields (``max_new_tokens``,
       ``temperature``, ``stop``, ...) that every gen inherits unless it sets its own.
-    - ``program.run_batch(list_of_kwargs, num_threads="auto", progress_bar=True, ...)``.
+    - ``program.run_batch(list_of_kwargs, num_threads="auto", progress_bar=False, generator_style=False,
+      <sampling defaults>)``.
     - ``program.bind(**kwargs)`` fixes arguments; ``program.cache(backend)`` prefills the prefix.
     - ``program(s, *args)`` inside another program runs the body on that state.
     """
@@ -84,24 +85,45 @@ class Program:
         return state
 
     def run_batch(self, batch_kwargs: Sequence[Union[dict[str, Any], Sequence[Any]]], *,
-                  num_threads: Union[int, str] = "auto", progress_bar: bool = True, backend: Any = None,
-                  **kwargs: Any) -> list[ProgramState]:
-        """Run the program once per item (a kwargs dict or an args tuple) on a thread pool.
+                  num_threads: Union[int, str] = "auto", progress_bar: bool = False, backend: Any = None,
+                  generator_style: bool = False,
+                  **kwargs: Any) -> Union[list[ProgramState], Iterator[ProgramState]]:
+        """Run the program once per item (a kwargs dict or an args tuple) on a thread pool (SGLang's
+        ``run_batch``). ``kwargs``: sampling defaults only (``GenParams`` fields, ``max_tokens``);
+        each item carries its program arguments.
 
-        Results come back in input order. A program that fails does not affect the others: its
-        state carries the error (``state.error()``). A constant prefix longer than 64 characters is
-        prefilled once before the threads start.
+        Returns the states in input order: a list, or with ``generator_style`` a generator that yields
+        each state as soon as it and the ones before it are done. A program that fails does not affect
+        the others: its state carries the error (``state.error()``). A constant prefix longer than 64
+        characters is prefilled once before the threads start.
+
+        Raises:
+            TypeError: a keyword that is not a sampling default (a misspelt ``temprature`` would
+                otherwise sample at the default temperature), or an item that is neither a dict nor a
+                sequence of arguments.
         """
-        if not batch_kwargs:
-            return []
         params = self._split_defaults(kwargs)
+        if kwargs:
+            raise TypeError(f"run_batch() got unexpected keyword argument(s) {', '.join(map(repr, sorted(kwargs)))}: "
+                            f"it takes sampling defaults ({', '.join(sorted(_PARAM_NAMES | {'max_tokens'}))}); "
+                            f"program arguments go in each batch item")
+        for i, item in enumerate(batch_kwargs):
+            if not isinstance(item, (dict, list, tuple)):
+                raise TypeError(f"run_batch() item {i} is a {type(item).__name__}: each item is a dict of keyword "
+                                f"arguments or a list/tuple of positional arguments of {self.func.__name__}")
+        states = self._batch_states(list(batch_kwargs), num_threads, progress_bar, backend, params)
+        return states if generator_style else list(states)
+
+    def _batch_states(self, items: list[Any], num_threads: Union[int, str], progress_bar: bool, backend: Any,
+                      params: GenParams) -> Iterator[ProgramState]:
+        if not items:
+            return
         resolved = defaults.resolve_backend(backend)
-        if len(batch_kwargs) > 1:
+        if len(items) > 1:
             self._precache(resolved)
         if num_threads == "auto":
             num_threads = max(96, (os.cpu_count() or 1) * 16)
-        workers = max(1, min(int(num_threads), len(batch_kwargs)))
-        results: list[Optional[ProgramState]] = [None] * len(batch_kwargs)
+        workers = max(1, min(int(num_threads), len(items)))
 
         def one(item: Any) -> ProgramState:
             state = self._new_state(resolved, params, stream=False)
@@ -112,12 +134,12 @@ class Program:
         from tqdm.auto import tqdm
 
         with ThreadPoolExecutor(workers, thread_name_prefix="radixlm-lang-batch") as pool, \
-                tqdm(total=len(batch_kwargs), disable=not progress_bar, desc=self.func.__name__) as bar:
-            futures = {pool.submit(one, item): i for i, item in enumerate(batch_kwargs)}
-            for future in as_completed(futures):
-                results[futures[future]] = future.result()
+                tqdm(total=len(items), disable=not progress_bar, desc=self.func.__name__) as bar:
+            futures = [pool.submit(one, item) for item in items]
+            for future in futures:  # in input order; the pool runs ahead
+                state = future.result()
                 bar.update(1)
-        return results  # type: ignore[return-value]
+                yield state
 
     def cache(self, backend: Any = None) -> str:
         """Prefill this program's constant prefix into the server's cache; returns the prefix."""

@@ -238,11 +238,35 @@ def test_run_batch_keeps_order_isolates_failures_and_shows_progress(capsys):
         if i == 7:
             s += "FAIL" + rl.gen("bad")
 
-    states = prog.run_batch([{"i": i} for i in range(12)], backend=backend, num_threads=4)
+    states = prog.run_batch([{"i": i} for i in range(12)], backend=backend, num_threads=4, progress_bar=True)
     assert [s.text() for s in states if s.error() is None] == [f"item {i}#" for i in range(12) if i not in (5, 7)]
     assert str(states[5].error()) == "injected"
     assert isinstance(states[7].error(), rl.BackendError)
     assert "12/12" in capsys.readouterr().err
+    prog.run_batch([{"i": 0}], backend=backend)  # SGLang's default: no progress bar
+    assert "1/1" not in capsys.readouterr().err
+
+
+def test_run_batch_generator_style_yields_in_order_and_bad_arguments_raise():
+    backend = FakeBackend(default="#")
+
+    @rl.function
+    def prog(s, i):
+        s += f"item {i}" + rl.gen("out", max_tokens=4)
+
+    gen = prog.run_batch([(i,) for i in range(6)], backend=backend, num_threads=3, generator_style=True)
+    assert not isinstance(gen, list)
+    assert [s.text() for s in gen] == [f"item {i}#" for i in range(6)]
+    assert [s.text() for s in prog.run_batch([[1], {"i": 2}], backend=backend)] == ["item 1#", "item 2#"]
+    sent = len(backend.bodies)
+    # a misspelt sampling default used to be dropped (sampling at temperature 1.0 instead of greedy)
+    with pytest.raises(TypeError, match="'temprature'"):
+        prog.run_batch([{"i": 1}], backend=backend, temprature=0)
+    with pytest.raises(TypeError, match="item 1 is a int"):
+        prog.run_batch([{"i": 1}, 2], backend=backend)
+    assert len(backend.bodies) == sent  # nothing was sent for the refused batches
+    prog.run_batch([{"i": 1}], backend=backend, temperature=0, max_tokens=2)
+    assert backend.bodies[-1]["sampling_params"]["temperature"] == 0
 
 
 def test_prefix_tracing_stops_at_arguments_and_gens():
@@ -333,3 +357,31 @@ def test_stream_run_reads_a_variable_the_body_has_not_reached_yet():
     assert state.get_meta_info("a") is not None
     with pytest.raises(KeyError):  # a name the finished program never produces still fails, at once
         state["never"]
+
+
+def test_appending_values_that_are_not_text_raises():
+    backend = FakeBackend()
+
+    @rl.function
+    def sub(s, x):
+        s += f" sub({x})"
+
+    @rl.function
+    def outer(s, value):
+        s += "Outer"
+        s += value
+
+    assert outer.run(3, backend=backend).text() == "Outer3"  # numbers as text
+    assert outer.run([" a", 2.5], backend=backend).text() == "Outer a2.5"
+    # these used to be appended as their repr ("OuterProgramState(' sub(1)')", "Outerb'x'")
+    for value, match in ((sub.run(1, backend=backend), r"ProgramState.*call it as sub\(s, \.\.\.\)"),
+                         (b"x", "bytes.*decode"), ({"k": 1}, "dict"), (None, "NoneType"), (True, "bool")):
+        with pytest.raises(TypeError, match=match):
+            outer.run(value, backend=backend)
+
+    @rl.function
+    def nested(s):
+        s += "Outer"
+        sub(s, 1)
+
+    assert nested.run(backend=backend).text() == "Outer sub(1)"

@@ -71,7 +71,7 @@ def test_run_batch_of_64_in_order_with_an_isolated_failure(stories, capsys):
         return i
 
     assert stories.flush_cache()
-    states = tell.run_batch([{"i": i} for i in range(64)], backend=stories, temperature=0)
+    states = tell.run_batch([{"i": i} for i in range(64)], backend=stories, temperature=0, progress_bar=True)
     assert "64/64" in capsys.readouterr().err  # the tqdm bar
     assert [s.ret_value for s in states] == [None if i == 17 else i for i in range(64)]
     assert isinstance(states[17].error(), ValueError)
