@@ -194,17 +194,26 @@ class ExprList(Expr):
 
 
 def to_expr(value: Any) -> Expr:
-    """Coerce what ``s += value`` accepts: an Expr, a str, or a list/tuple of them."""
+    """Coerce what ``s += value`` accepts: an Expr, a str, an int or float (as text), or a list/tuple of them.
+
+    Raises:
+        TypeError: anything else (None, bool, bytes, a ProgramState, ...), as SGLang refuses unknown types.
+    """
     if isinstance(value, Expr):
         return value
     if isinstance(value, str):
         return Text(value)
     if isinstance(value, (list, tuple)):
         return ExprList(_flatten(value))
-    if value is None:
-        raise TypeError("cannot append None to a program")
-    # Numbers and other values are appended as text, like an f-string would.
-    return Text(str(value))
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return Text(str(value))  # numbers as text, as an f-string writes them
+    hint = ""
+    if type(value).__name__ == "ProgramState":
+        hint = " (the result of running another program; to run it on this state, call it as sub(s, ...))"
+    elif isinstance(value, (bytes, bytearray)):
+        hint = " (decode bytes to str first)"
+    raise TypeError(f"cannot append a {type(value).__name__} to a program{hint}: s += takes a str, a number, "
+                    f"gen/select/role expressions, or a list of them")
 
 
 def _flatten(values: Sequence[Any]) -> list[Expr]:
