@@ -36,6 +36,25 @@ def split_choice_tokens(prefix_tail: list[list[Any]], entries: list[list[Any]]) 
     return [list(e) for e in entries[k:]]
 
 
+def _without_context_token(choice: str, entries: list[list[Any]]) -> list[list[Any]]:
+    """A choice scored with no text before it: the sequence's first token has no logprob. A token the
+    tokenizer adds (BOS) is context and is dropped; a first token of the choice's own text cannot be
+    scored, and averaging the rest would compare choices on different tokens (a one-token choice
+    scored -inf and lost to any longer one).
+
+    Raises:
+        ValueError: the choice's own first token has nothing before it (the model adds no BOS).
+    """
+    if entries and entries[0][0] is None:
+        text = entries[0][2] if len(entries[0]) > 2 else None
+        if isinstance(text, str) and text.strip() and choice.lstrip().startswith(text.strip()):
+            raise ValueError(f"select at the very start of a program cannot score choice {choice!r}: its first "
+                             f"token has no text before it (this model adds no BOS token); put a prompt or a role "
+                             f"before the select")
+        return entries[1:]
+    return entries
+
+
 def score_choices(backend: "Backend", prefix: str, choices: list[str],
                   method: ChoicesSamplingMethod) -> ChoicesDecision:
     """Score ``choices`` after ``prefix`` and return the method's decision.
@@ -58,6 +77,8 @@ def score_choices(backend: "Backend", prefix: str, choices: list[str],
     prefix_tail = resps[0]["meta_info"]["input_token_logprobs"] if prefix else []
     choice_resps = resps[1:] if prefix else resps
     input_lps = [split_choice_tokens(prefix_tail, r["meta_info"]["input_token_logprobs"]) for r in choice_resps]
+    if not prefix:
+        input_lps = [_without_context_token(choice, lps) for choice, lps in zip(choices, input_lps)]
     for choice, lps in zip(choices, input_lps):
         if not lps:
             raise ValueError(f"choice {choice!r} adds no token after the prefix")

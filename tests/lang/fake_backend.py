@@ -1,7 +1,7 @@
 """An in-memory backend for interpreter tests: a character-level "model" with scripted replies.
 
 Token ids are ``ord(c)`` (one per character) after a BOS of id 1, so ``prompt_tokens`` is
-``len(text) + 1``. A gen's reply is the first ``replies`` entry whose key the prompt ends with
+``len(text) + 1`` (``bos=False``: no BOS, as GPT-2-style tokenizers). A gen's reply is the first ``replies`` entry whose key the prompt ends with
 (else ``default``), cut at ``max_new_tokens`` characters and at the first stop string. A token's
 logprob is ``scores.get(char, -1.0)``. A prompt containing ``"FAIL"`` gets a 400.
 """
@@ -21,8 +21,9 @@ BOS = 1
 class FakeBackend(Backend):
     def __init__(self, replies: Optional[dict[str, str]] = None, default: str = "ok",
                  scores: Optional[dict[str, float]] = None, chat_template: Any = "default",
-                 stream_delay_s: float = 0.0):
+                 stream_delay_s: float = 0.0, bos: bool = True):
         super().__init__(chat_template)
+        self.bos = bos
         self.stream_delay_s = stream_delay_s
         self.replies = dict(replies or {})
         self.default = default
@@ -42,7 +43,7 @@ class FakeBackend(Backend):
     def _one(self, prompt: Any, body: dict) -> dict:
         if isinstance(prompt, str) and "FAIL" in prompt:
             raise BackendError("prompt contains FAIL", 400)
-        ids = [BOS] + [ord(c) for c in prompt] if isinstance(prompt, str) else list(prompt)
+        ids = [BOS] * self.bos + [ord(c) for c in prompt] if isinstance(prompt, str) else list(prompt)
         sp = body.get("sampling_params") or {}
         meta: dict[str, Any] = {"prompt_tokens": len(ids), "cached_tokens": 0,
                                 "finish_reason": {"type": "length"}}

@@ -87,3 +87,20 @@ def test_unconditional_select_sends_the_choice_ids_alone():
     assert third["input_ids"] == [[ord(c) for c in "yes"], [ord(c) for c in "no"]]
     assert third["logprob_start_len"] == 0  # SGLang's gap: without it the lists would not line up
     assert d.meta_info["unconditional_token_logprobs"][0][0][0] is None
+
+
+def test_select_at_the_start_of_a_program():
+    """No text before the choices: a BOS is their context; without one the first token cannot be
+    scored, which used to give a one-token choice -inf (it lost to any longer choice)."""
+
+    @rl.function
+    def first(s):
+        s += rl.select("c", choices=["A", "Bye"])
+
+    with_bos = FakeBackend(scores={"A": -0.5, "B": -3.0, "y": -0.1, "e": -0.2})
+    state = first.run(backend=with_bos)
+    assert state["c"] == "A"
+    assert state.get_meta_info("c")["normalized_prompt_logprobs"] == pytest.approx([-0.5, -1.1])
+    no_bos = first.run(backend=FakeBackend(scores={"A": -0.5}, bos=False))
+    with pytest.raises(ValueError, match="very start of a program cannot score choice 'A'"):
+        no_bos.raise_if_error()
