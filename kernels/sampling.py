@@ -1,6 +1,6 @@
 """Logits processing and token sampling for one decode/extend step, in pure torch.
 
-Data flow per step (SGLang's ``layers/sampler.py`` order, see ``docs/sglang-reference.md`` 4.5)::
+Data flow per step (SGLang's ``layers/sampler.py`` order, SGLang's ``Sampler.forward``)::
 
     info = SamplingBatchInfo.from_requests(params, output_ids, vocab_size, stop_ids, device, prompt_ids)
     raw = logits.clone()                         # only if some request wants logprobs

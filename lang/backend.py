@@ -1,7 +1,7 @@
 """The backend contract the interpreter talks to, and the behaviour shared by all backends.
 
 A backend implements three primitives over SGLang's native ``/generate`` shapes
-(``shared/docs/sglang-reference.md`` section 2.1): :meth:`Backend.request` (a request body in, the
+(SGLang's ``GenerateReqInput``): :meth:`Backend.request` (a request body in, the
 response dict or list out), :meth:`Backend.request_stream` (cumulative events of one streaming
 request) and :meth:`Backend.get_model_info`. On top of them this class provides what programs need:
 ``complete`` / ``complete_stream`` for a gen, ``cache_prefix`` for fork and batch precaching, and

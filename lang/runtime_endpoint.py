@@ -1,6 +1,6 @@
 """``RuntimeEndpoint``: a backend over a running server's native HTTP API.
 
-Speaks SGLang's wire contract (``shared/docs/sglang-reference.md`` sections 1.3 and 2): the whole
+Speaks SGLang's wire contract (SGLang's ``RuntimeEndpoint`` and ``/generate``): the whole
 program text is re-sent on every gen and the server's radix cache does the reuse; streaming reads
 ``data:`` lines with cumulative ``text`` until ``data: [DONE]``. One pooled ``httpx.Client`` is
 shared by all program threads.

@@ -1,7 +1,7 @@
 """The offline, in-process engine: ``radixlm.Engine(model_path=..., **server_args)``.
 
-Same request and response shapes as SGLang's ``/generate`` (``shared/docs/sglang-reference.md``
-section 2.1): ``generate(prompt | list | input_ids, sampling_params) -> dict | list[dict]`` with
+Same request and response shapes as SGLang's ``/generate`` (SGLang's
+``GenerateReqInput``): ``generate(prompt | list | input_ids, sampling_params) -> dict | list[dict]`` with
 ``text``, ``output_ids`` and ``meta_info``. The scheduler and the detokenizer run in this process,
 driven synchronously; no sockets.
 """

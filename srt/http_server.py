@@ -1,4 +1,4 @@
-"""The FastAPI app: SGLang's native routes (``shared/docs/sglang-reference.md`` sections 2.1, 2.2, 2.4).
+"""The FastAPI app: SGLang's native routes (``/generate``, the cache, model and server info routes).
 
 ``create_app(tokenizer_manager, server_args, model_info, metrics)`` builds the app; all state comes
 in through those arguments (no module-level state). Routes:

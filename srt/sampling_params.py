@@ -1,7 +1,6 @@
 """Per-request sampling parameters, with SGLang's field names and defaults.
 
-Follows SGLang's ``srt/sampling/sampling_params.py`` contract (see
-``shared/docs/sglang-reference.md`` section 2.1). The struct is plain data (a ``msgspec.Struct``),
+Follows SGLang's ``srt/sampling/sampling_params.py`` contract (and its ``/generate`` docs). The struct is plain data (a ``msgspec.Struct``),
 so it travels on the wire inside ``TokenizedGenerateReq`` without pickle.
 
 ``None`` in an incoming dict means "use the default", as SGLang's own frontend sends every field

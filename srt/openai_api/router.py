@@ -1,4 +1,4 @@
-"""The OpenAI-compatible routes as one FastAPI ``APIRouter`` (``shared/docs/sglang-reference.md`` 2.3).
+"""The OpenAI-compatible routes as one FastAPI ``APIRouter`` (SGLang's ``/v1`` routes; ``docs/api.md``).
 
 ``create_openai_router(tm, server_args, model_info, tokenizer)`` builds it; the app includes it:
 
