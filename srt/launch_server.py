@@ -130,7 +130,8 @@ def launch_server(args: ServerArgs) -> int:
         if not _wait_ready(children):
             return 1
         serving[0] = True
-        return asyncio.run(_serve(args, children, tokenizer, model_config, paths, stopping))
+        with asyncio.Runner(loop_factory=_event_loop_factory()) as runner:
+            return runner.run(_serve(args, children, tokenizer, model_config, paths, stopping))
     except _Stop:
         logger.info("stopped by signal during startup")
         return 0
@@ -273,6 +274,17 @@ async def _serve(args: ServerArgs, children: list[_Child], tokenizer: Any, model
     if not server.started and exit_code[0] == 0:
         return 1  # uvicorn could not start (e.g. the port is taken); it logged why
     return exit_code[0]
+
+
+def _event_loop_factory() -> Any:
+    """uvloop's event loop (libuv; what uvicorn picks itself and SGLang's HTTP server runs on) when it is
+    installed, else asyncio's default: the HTTP process wakes a request's stream for every token, and on
+    the 2-core machines it shares the cores with the scheduler."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
 
 
 async def _watchdog(children: list[_Child], server: Any, tm: Any, exit_code: list[int], stopping: list[int]) -> None:
