@@ -27,11 +27,13 @@ logger = logging.getLogger(__name__)
 SOURCES = [Path(__file__).parent / "attention" / "cpu" / "paged_attention.cpp",
            Path(__file__).parent / "elementwise" / "cpu" / "elementwise.cpp",
            Path(__file__).parent / "gemm" / "cpu" / "gemm.cpp",
+           Path(__file__).parent / "gemm" / "cpu" / "swiglu.cpp",
            Path(__file__).parent / "quant" / "cpu" / "quant_gemm.cpp",
            Path(__file__).parent / "argmax" / "cpu" / "argmax.cpp",
            Path(__file__).parent / "decoder" / "cpu" / "decoder_layers.cpp"]
 HEADERS = [Path(__file__).parent / "attention" / "cpu" / "amx_attention.h",
            Path(__file__).parent / "elementwise" / "cpu" / "exp2_avx512.h",
+           Path(__file__).parent / "elementwise" / "cpu" / "silu_mul_avx512.h",
            Path(__file__).parent / "attention" / "cpu" / "pair_tile_attention.h",
            Path(__file__).parent / "attention" / "cpu" / "dpbf16_attention.h",
            Path(__file__).parent / "gemm" / "cpu" / "microkernel.h", Path(__file__).parent / "gemm" / "cpu" / "transpose.h",
@@ -42,7 +44,8 @@ HEADERS = [Path(__file__).parent / "attention" / "cpu" / "amx_attention.h",
            Path(__file__).parent / "quant" / "cpu" / "quant_rows_avx512.h",
            Path(__file__).parent / "quant" / "cpu" / "quant_rows_bf16_avx512.h"]  # included by SOURCES: part of the digest
 OPS = ("paged_attention", "add_rms_norm_", "rope", "silu_and_mul", "pack_linear_weight", "linear_packed",
-       "quant_linear", "quant_dequantize", "quant_linear_panels", "argmax_rows", "decoder_layers")
+       "quant_linear", "quant_dequantize", "quant_linear_panels", "argmax_rows", "decoder_layers",
+       "pack_gate_up_weight", "linear_packed_silu_mul")
 _CAPABILITY_FLAGS = {
     "AVX512": ["-DCPU_CAPABILITY=AVX512", "-DCPU_CAPABILITY_AVX512", "-mavx512f", "-mavx512bw", "-mavx512vl",
                "-mavx512dq", "-mfma", "-mf16c"],

@@ -38,5 +38,21 @@ class GemmBackend(abc.ABC):
         return None
 
 
+    def swiglu_fusable(self, weight: torch.Tensor) -> bool:
+        """Whether this backend runs a SwiGLU gate-up weight (2I, in): gate rows then up rows, dense,
+        as loaded) with the SiLU-and-mul fused (``prepare_gate_up`` / ``linear_silu_mul``)."""
+        return False
+
+    def prepare_gate_up(self, weight: torch.Tensor) -> torch.Tensor:
+        """The fused form of a gate-up weight (only where ``swiglu_fusable``)."""
+        raise NotImplementedError(f"{self.name}: no fused gate-up")
+
+    def linear_silu_mul(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """silu(x Wg^T) * (x Wu^T) for a weight from ``prepare_gate_up``: x (..., in) -> (..., I), the
+        same bits as ``silu_and_mul(linear(x, W))`` with the C++ elementwise backend."""
+        raise NotImplementedError(f"{self.name}: no fused gate-up")
+
+
 FUSED_PACKED = -1  # fused_kind: a weight from pack_linear_weight
 FUSED_DENSE = -2  # fused_kind: a dense (out, in) weight
+FUSED_SWIGLU = -3  # a gate-up weight from prepare_gate_up (radixlm_cpu::linear_packed_silu_mul, no SiLU pass)

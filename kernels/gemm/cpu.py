@@ -54,6 +54,20 @@ class CpuGemm(GemmBackend):
         y = self._linear(x.reshape(-1, x.shape[-1]), weight, bias)
         return y.view(*lead, y.shape[-1])
 
+    def swiglu_fusable(self, weight: torch.Tensor) -> bool:
+        """bf16 gate-up weights on AVX512-BF16 without AMX, intermediate size a multiple of 48
+        (``cpu/swiglu.cpp``): the SiLU-and-mul runs on each 48-column block while it is in L2."""
+        return (packable(weight) and weight.dtype == torch.bfloat16 and weight.shape[0] % 2 == 0
+                and bool(torch.ops.radixlm_cpu.gemm_swiglu_fused(weight.shape[1], weight.shape[0] // 2)))
+
+    def prepare_gate_up(self, weight: torch.Tensor) -> torch.Tensor:
+        return torch.ops.radixlm_cpu.pack_gate_up_weight(weight)
+
+    def linear_silu_mul(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        y = torch.ops.radixlm_cpu.linear_packed_silu_mul(x.reshape(-1, x.shape[-1]), weight)
+        return y.view(*lead, y.shape[-1])
+
     def fused_kind(self, weight: torch.Tensor, rows: int, dtype: torch.dtype) -> Optional[int]:
         if weight.dtype != dtype:
             return None

@@ -9,7 +9,7 @@ which may replace it with a prepacked form; until then the layers multiply with 
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
@@ -55,11 +55,37 @@ class ColumnParallelLinear(nn.Module):
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
-    """Several column-parallel outputs stacked in one matmul (e.g. gate_proj and up_proj)."""
+    """Several column-parallel outputs stacked in one matmul (e.g. gate_proj and up_proj).
+
+    A SwiGLU gate-up (``[I, I]``, no bias) also offers ``silu_and_mul(x, elementwise)``, silu(gate) * up:
+    fused into the GEMM where the backend can (``GemmBackend.swiglu_fusable``; its weight is then stored
+    in the backend's own layout and ``forward`` is not available), else ``elementwise.silu_and_mul``
+    of ``forward``.
+    """
 
     def __init__(self, in_features: int, out_sizes: list[int], bias: bool, tp: TpGroup, dtype: torch.dtype):
         super().__init__(in_features, sum(out_sizes), bias, tp, dtype)
         self.per_rank = [_divide(s, tp.size, "output features") for s in out_sizes]
+        self.fused_swiglu = False
+
+    def process_weights_after_loading(self, gemm: GemmBackend) -> None:
+        swiglu = len(self.per_rank) == 2 and self.per_rank[0] == self.per_rank[1] and self.bias is None
+        if swiglu and gemm.swiglu_fusable(self.weight.data):
+            self.weight = nn.Parameter(gemm.prepare_gate_up(self.weight.data), requires_grad=False)
+            self.gemm, self.fused_swiglu = gemm, True
+            return
+        _prepare(self, gemm)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fused_swiglu:
+            raise RuntimeError("this gate-up weight is stored fused with its SiLU-and-mul: call silu_and_mul")
+        return super().forward(x)
+
+    def silu_and_mul(self, x: torch.Tensor, elementwise: Any) -> torch.Tensor:
+        """silu(x Wg^T) * (x Wu^T): (..., in) -> (..., I); ``elementwise`` runs it where not fused."""
+        if self.fused_swiglu:
+            return self.gemm.linear_silu_mul(x, self.weight)
+        return elementwise.silu_and_mul(super().forward(x))
 
     def weight_loader(self, param: nn.Parameter, full: torch.Tensor, shard_id: Optional[str] = None) -> None:
         idx = int(shard_id)  # type: ignore[arg-type]

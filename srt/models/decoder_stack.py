@@ -10,7 +10,8 @@ whatever the stack does not cover.
 
 It covers: tensor parallel size 1; Llama layers without biases or q/k norms; the C++ elementwise and
 attention backends; linears whose GEMM backend reports a ``fused_kind`` for the batch's rows (the
-packed C++ GEMM, dense ``F.linear``, the quantized rows kernel). Anything else runs the modules.
+packed C++ GEMM, dense ``F.linear``, the quantized rows kernel) and gate-ups fused with their
+SiLU-and-mul (``FUSED_SWIGLU``). Anything else runs the modules.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 
 from radixlm.kernels.attention.cpu_backend import CpuAttnBackend
 from radixlm.kernels.elementwise.cpu import CpuElementwise
+from radixlm.kernels.gemm.base import FUSED_SWIGLU
 
 if TYPE_CHECKING:
     from radixlm.srt.forward_batch import ForwardBatch
@@ -84,7 +86,8 @@ class CpuDecoderStack:
             return None
         kinds = self._kinds.get(rows, False)
         if kinds is False:
-            found = [lin.gemm.fused_kind(lin.weight, rows, self.model_dtype) for lin in self.linears]
+            found = [FUSED_SWIGLU if getattr(lin, "fused_swiglu", False)
+                     else lin.gemm.fused_kind(lin.weight, rows, self.model_dtype) for lin in self.linears]
             kinds = None if any(k is None for k in found) else found
             if len(self._kinds) >= self._MEMO_LIMIT:
                 self._kinds.clear()

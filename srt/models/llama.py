@@ -71,7 +71,7 @@ class MLP(nn.Module):
         self.elementwise: ElementwiseBackend = REFERENCE_ELEMENTWISE
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.elementwise.silu_and_mul(self.gate_up_proj(x)))
+        return self.down_proj(self.gate_up_proj.silu_and_mul(x, self.elementwise))
 
 
 class DecoderLayer(nn.Module):

@@ -87,3 +87,42 @@ def test_not_built_where_it_does_not_apply(stories_path):
                   elementwise_backend="torch_native").worker.model_runner.model.decoder_stack is None
     assert Engine(stories_path, dtype="float32", max_total_tokens=1024,
                   attention_backend="torch_native").worker.model_runner.model.decoder_stack is None
+
+
+def _tiny_llama(folder, stories_path, intermediate: int) -> str:
+    """stories260K's tokenizer with random Llama weights of another intermediate size (bf16)."""
+    import shutil
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    base = LlamaConfig.from_pretrained(stories_path)
+    cfg = LlamaConfig(vocab_size=base.vocab_size, hidden_size=64, intermediate_size=intermediate, num_hidden_layers=2,
+                      num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=512,
+                      bos_token_id=base.bos_token_id, eos_token_id=base.eos_token_id, torch_dtype="bfloat16")
+    torch.manual_seed(0)
+    LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(f"{stories_path}/{name}", folder / name)
+    return str(folder)
+
+
+def test_fused_gate_up_in_the_stack_and_the_modules(stories_path, tmp_path):
+    """A bf16 model whose intermediate size the fused gate-up takes (a multiple of 48): its MLPs run
+    silu(gate) * up inside the GEMM (gemm/cpu/swiglu.cpp) in the stack and in the modules alike, with the
+    same ids and logprobs both ways."""
+    from radixlm.kernels.gemm.cpu import CpuGemm
+    import torch
+
+    if not CpuGemm().swiglu_fusable(torch.zeros(96, 64, dtype=torch.bfloat16)):
+        pytest.skip("no fused gate-up on this CPU (AVX512-BF16 without AMX)")
+    engine = Engine(_tiny_llama(tmp_path / "tiny", stories_path, 96), dtype="bfloat16", max_total_tokens=4096,
+                    chunked_prefill_size=16, cache_dir=str(tmp_path / "cache"))
+    model = engine.worker.model_runner.model
+    assert all(layer.mlp.gate_up_proj.fused_swiglu for layer in model.layers)
+    stack = model.decoder_stack
+    with_stack = traces(engine)
+    assert stack.forwards > 0
+    model.decoder_stack = None
+    assert traces(engine) == with_stack
+    engine.scheduler.kv.check_idle()

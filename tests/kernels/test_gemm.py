@@ -392,3 +392,28 @@ def test_cpu_bf16_kernels_after_onednn_loaded_its_own_tile_configuration():
     _cpu_gemm()
     run = subprocess.run([sys.executable, "-c", _AFTER_ONEDNN], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0 and run.stdout.strip() == "ok", (run.returncode, run.stderr[-2000:])
+
+
+def _swiglu_fused_here() -> bool:
+    cpu = create_gemm_backend("cpu", torch.device("cpu"), torch.bfloat16)
+    return cpu.swiglu_fusable(torch.zeros(96, 64, dtype=torch.bfloat16))
+
+
+@pytest.mark.skipif(not _swiglu_fused_here(), reason="no fused gate-up here (AVX512-BF16 without AMX)")
+@pytest.mark.parametrize("K,inter", [(64, 48), (576, 96), (576, 1536)])
+@pytest.mark.parametrize("rows", [1, 7, 8, 33, 600])  # under 8: linear then SiLU; 600: two row blocks at K 576
+def test_fused_gate_up_equals_linear_then_silu_and_mul(K, inter, rows):
+    """The gate-up linear with its SiLU-and-mul fused (gemm/cpu/swiglu.cpp) gives the bits of the
+    packed linear followed by silu_and_mul, and torch's bf16 ops within their rounding."""
+    torch.manual_seed(rows)
+    cpu = create_gemm_backend("cpu", torch.device("cpu"), torch.bfloat16)
+    w = (torch.randn(2 * inter, K) * K ** -0.5).bfloat16()
+    x = (torch.randn(rows, K) * 2).bfloat16()
+    fused = cpu.linear_silu_mul(x, cpu.prepare_gate_up(w))
+    unfused = torch.ops.radixlm_cpu.silu_and_mul(cpu.linear(x, cpu.prepare(w)))
+    assert fused.shape == (rows, inter) and torch.equal(fused, unfused)
+    gate, up = F.linear(x.float(), w.float()).bfloat16().chunk(2, dim=-1)
+    ref = (F.silu(gate.float()).bfloat16().float() * up.float())
+    assert (fused.float() - ref).abs().max() <= ref.abs().max() * 2 ** -6
+    lead = cpu.linear_silu_mul(x.view(1, rows, K), cpu.prepare_gate_up(w))  # leading dims kept
+    assert lead.shape == (1, rows, inter) and torch.equal(lead[0], fused)

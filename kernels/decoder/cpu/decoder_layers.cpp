@@ -16,7 +16,8 @@
 // adds with the final norm. cos, sin (T, head_dim) in h's dtype. norm_weights: 2 per layer (input,
 // post-attention). weights: 4 per layer (qkv, o, gate_up, down) with kinds: >= 0 a quantized format
 // code (radixlm_cpu::quant_linear, fp32 or bf16 activations as they are), -1 a packed weight (radixlm_cpu::linear_packed), -2 a dense one
-// (aten::linear); no biases. k_caches, v_caches: one per layer, the pool's (KVH, slots, D) buffers.
+// (aten::linear), -3 (gate_up only) a weight from pack_gate_up_weight, whose linear_packed_silu_mul
+// replaces the linear and the SiLU-and-mul; no biases. k_caches, v_caches: one per layer, the pool's (KVH, slots, D) buffers.
 
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -41,6 +42,8 @@ struct Ops {
   c10::TypedOperatorHandle<std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, const Tensor&)> rope =
       op<std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, const Tensor&)>("radixlm_cpu::rope");
   c10::TypedOperatorHandle<Tensor(const Tensor&)> silu = op<Tensor(const Tensor&)>("radixlm_cpu::silu_and_mul");
+  c10::TypedOperatorHandle<Tensor(const Tensor&, const Tensor&)> swiglu =
+      op<Tensor(const Tensor&, const Tensor&)>("radixlm_cpu::linear_packed_silu_mul");
   c10::TypedOperatorHandle<Tensor(const Tensor&, const Tensor&, int64_t, int64_t, bool)> quant =
       op<Tensor(const Tensor&, const Tensor&, int64_t, int64_t, bool)>("radixlm_cpu::quant_linear");
   c10::TypedOperatorHandle<Tensor(const Tensor&, const Tensor&, const OptTensor&)> packed =
@@ -57,6 +60,8 @@ const Ops& ops() {
   static const Ops o;  // looked up on the first call, when the library's ops are all registered
   return o;
 }
+
+constexpr int64_t kFusedSwiglu = -3;  // a gate-up weight from pack_gate_up_weight (gemm/cpu/swiglu.cpp)
 
 // y = x W^T as the layer's GemmBackend computes it for these rows (kernels/gemm, kernels/quant).
 Tensor linear(const Ops& o, const Tensor& x, const Tensor& w, int64_t kind, int64_t in_features) {
@@ -104,8 +109,8 @@ Tensor decoder_layers(Tensor h, const Tensor& cos, const Tensor& sin, at::Tensor
     Tensor a = linear(o, attn.view({t, q_size}), w[1], kind[1], kin[1]);
     // MLP block: x = norm(h += a); delta = down(silu(gate) * up)
     x = o.norm.call(h, OptTensor(a), norm_weights[2 * l + 1], eps);
-    Tensor gate_up = linear(o, x, w[2], kind[2], kin[2]);
-    delta = linear(o, o.silu.call(gate_up), w[3], kind[3], kin[3]);
+    Tensor act = kind[2] == kFusedSwiglu ? o.swiglu.call(x, w[2]) : o.silu.call(linear(o, x, w[2], kind[2], kin[2]));
+    delta = linear(o, act, w[3], kind[3], kin[3]);
   }
   return delta;
 }

@@ -15,6 +15,7 @@
 #include <ATen/Parallel.h>
 #include "../../gemm/cpu/work_stealing.h"
 #include "exp2_avx512.h"
+#include "silu_mul_avx512.h"
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 #include <torch/library.h>
@@ -238,18 +239,19 @@ void silu_and_mul_impl(const at::Tensor& x, at::Tensor& out) {
         for (; i < n; ++i) o[i] = (g[i] / (1.f + std::exp(-g[i]))) * u[i];
       } else {
         // silu in fp32, rounded to T, times up in fp32, rounded to T (torch's two bf16 ops)
-        const Vec one(1.f);
         int64_t i = 0;
+#ifdef CPU_CAPABILITY_AVX512
+        if constexpr (std::is_same_v<T, at::BFloat16>) {
+          // silu_mul_avx512.h: exp2-based SiLU, a few fp32 ulps from the reference's before the bf16
+          // rounding, at ~1/3 of Sleef's expf; the same bits as the fused gate-up linear (swiglu.cpp).
+          for (; i + 16 <= n; i += 16) radixlm_math::silu_mul_bf16x16(g + i, u + i, o + i);
+        }
+#endif
+        const Vec one(1.f);
         for (; i + HVec<T>::size() <= n; i += HVec<T>::size()) {
           auto [ga, gb] = load_wide(g + i);
           auto [ua, ub] = load_wide(u + i);
-#ifdef CPU_CAPABILITY_AVX512
-          // exp2-based SiLU (exp2_avx512.h): a few fp32 ulps from the reference's before the bf16
-          // rounding below, at ~1/3 of Sleef's expf and its range reduction per element.
-          auto [sa, sb] = round_wide<T>(Vec(radixlm_math::silu_ps(ga)), Vec(radixlm_math::silu_ps(gb)));
-#else
           auto [sa, sb] = round_wide<T>(ga / (one + ga.neg().exp()), gb / (one + gb.neg().exp()));
-#endif
           at::vec::convert_from_float<T>(sa * ua, sb * ub).store(o + i);
         }
         for (; i < n; ++i) {
