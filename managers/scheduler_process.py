@@ -13,6 +13,7 @@ makes no progress (idle, or waiting requests that do not fit yet) block on the s
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
 import signal
 import sys
@@ -58,10 +59,11 @@ def run_scheduler_process(server_args: "ServerArgs", paths: Optional["IpcPaths"]
     import zmq
 
     from radixlm.srt.cpu_runtime import MMAP_THRESHOLD, TRIM_THRESHOLD, tune_malloc
+    from radixlm.srt.dp_launch import scheduler_title
     from radixlm.srt.process_title import set_process_title
 
     configure_child_logging(server_args.log_level)
-    set_process_title(f"scheduler_TP{tp_rank}")
+    set_process_title(scheduler_title(multiprocessing.current_process().name, tp_rank))
     if tune_malloc():
         logger.debug("glibc malloc: mmap threshold %d, trim threshold %d", MMAP_THRESHOLD, TRIM_THRESHOLD)
     stopping: list[int] = []

@@ -22,6 +22,19 @@ def scheduler_name(dp_rank: int, tp_rank: int, dp_size: int) -> str:
     return name if tp_rank == 0 else f"{name}-tp{tp_rank}"
 
 
+def scheduler_title(process_name: str, tp_rank: int) -> str:
+    """The ``ps`` title of a scheduler process from its ``scheduler_name`` (as the launcher names the
+    process, ``radixlm-`` + it): ``scheduler_TP0`` with one replica, ``scheduler_DP1_TP0`` with several, as
+    SGLang's ``sglang::scheduler_DP1_TP0``; ``tp_rank`` where the name says nothing (a process started
+    otherwise)."""
+    parts = process_name.removeprefix("radixlm-").split("-")
+    if parts[0] != "scheduler":
+        return f"scheduler_TP{tp_rank}"
+    dp = next((p[2:] for p in parts[1:] if p.startswith("dp")), None)
+    tp = next((p[2:] for p in parts[1:] if p.startswith("tp")), "0")
+    return f"scheduler_TP{tp}" if dp is None else f"scheduler_DP{dp}_TP{tp}"
+
+
 def scheduler_specs(args: ServerArgs, paths: Any, target: Callable[..., None],
                     tp_ranks: Optional[Sequence[int]] = None) -> list[tuple[str, Callable[..., None], tuple]]:
     """``(name, target, target_args)`` of every scheduler process: ``target(args, replica_paths, tp_rank)``

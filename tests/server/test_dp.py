@@ -81,6 +81,12 @@ def test_outputs_equal_one_replica_native_and_v1(http, engine):
     assert [c["text"] for c in choices] == [e["text"] for e in expected]
 
 
+def test_replicas_have_their_own_process_titles(dp_server):
+    titles = [open(f"/proc/{dp_server.child_pid(n)}/cmdline", "rb").read().split(b"\0")[0].decode()
+              for n in ("scheduler-dp0", "scheduler-dp1")]
+    assert titles == ["radixlm::scheduler_DP0_TP0", "radixlm::scheduler_DP1_TP0"], titles  # ps tells them apart
+
+
 def test_one_internal_state_and_metrics_series_per_replica(http):
     info = http.get("/get_server_info").json()
     states = info["internal_states"]

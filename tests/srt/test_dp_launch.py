@@ -6,7 +6,7 @@ import dataclasses
 
 from radixlm.managers.ipc import IpcPaths
 from radixlm.srt.cpu_runtime import cpu_threads
-from radixlm.srt.dp_launch import scheduler_name, scheduler_specs
+from radixlm.srt.dp_launch import scheduler_name, scheduler_specs, scheduler_title
 from radixlm.srt.server_args import ServerArgs
 
 
@@ -34,6 +34,12 @@ def test_replicas_get_own_sockets_names_and_a_share_of_the_cores(tmp_path):
     explicit = scheduler_specs(dataclasses.replace(ServerArgs(dp_size=2), cpu_threads=3), paths, _target)
     assert {s[2][0].cpu_threads for s in explicit} == {3}
     assert scheduler_name(3, 0, 4) == "scheduler-dp3"
+    # ps titles, as SGLang's sglang::scheduler_DP1_TP0: replicas told apart
+    assert [scheduler_title("radixlm-" + s[0], s[2][2]) for s in specs] == [
+        "scheduler_DP0_TP0", "scheduler_DP0_TP1", "scheduler_DP1_TP0", "scheduler_DP1_TP1"]
+    assert scheduler_title("radixlm-scheduler", 0) == "scheduler_TP0"
+    assert scheduler_title("radixlm-scheduler-tp1", 1) == "scheduler_TP1"
+    assert scheduler_title("SpawnProcess-1", 2) == "scheduler_TP2"
 
 
 def test_a_replica_removes_the_whole_launch_directory(tmp_path):
