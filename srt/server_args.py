@@ -100,7 +100,10 @@ class ServerArgs:
     max_queued_requests: Optional[int] = field(default=None, metadata={"help": "answer 503 beyond this many waiting requests"})
     chunked_prefill_size: int = field(default=512, metadata={"help": "max tokens of one request per extend step; -1 disables chunking"})
     max_prefill_tokens: int = field(default=4096, metadata={"help": "token budget of one extend batch"})
-    schedule_policy: str = field(default="lpm", metadata={"help": "lpm (longest prefix match) | fcfs"})
+    schedule_policy: str = field(default="lpm", metadata={"help": (
+        "lpm: the waiting request with the longest cached prefix first (ties in arrival order; a long "
+        "queue falls back to arrival order), so requests that share a prompt run together | fcfs: "
+        "arrival order, for workloads without shared prefixes where latency order matters")})
     schedule_conservativeness: float = field(default=1.0, metadata={"help": "scales the decode-memory reservation"})
     disable_radix_cache: bool = field(default=False, metadata={"help": "turn prefix caching off"})
     enable_deterministic_inference: bool = field(default=False, metadata={"help": (
