@@ -122,6 +122,29 @@ class ToolCallParser(ABC):
         return longest
 
 
+class ParserWrapper(ToolCallParser):
+    """Another parser's format with a rule on top (``CheckedParser``, ``TriggeredParser``): its markers
+    and literals, and by default its region test, scan, grammar tag and rendering."""
+
+    def __init__(self, parser: ToolCallParser):
+        self.parser = parser
+        self.name, self.openers, self.trigger = parser.name, parser.openers, parser.trigger  # type: ignore[misc]
+        self.call_triggers, self.separator, self.wrapper = (  # type: ignore[misc]
+            parser.call_triggers, parser.separator, parser.wrapper)
+
+    def region_allowed(self, text: str, pos: int, final: bool) -> Optional[bool]:
+        return self.parser.region_allowed(text, pos, final)
+
+    def scan_region(self, text: str, start: int, final: bool) -> RegionScan:
+        return self.parser.scan_region(text, start, final)
+
+    def call_tag(self, tool: FunctionTool) -> dict[str, Any]:
+        return self.parser.call_tag(tool)
+
+    def render_calls(self, calls: list[tuple[str, Any]]) -> str:
+        return self.parser.render_calls(calls)
+
+
 def new_call_id() -> str:
     """``call_`` + 24 random hex digits (unique per call)."""
     return "call_" + uuid.uuid4().hex[:24]

@@ -12,13 +12,12 @@ good when it is whole), so the streamed deltas still put together to the non-str
 from __future__ import annotations
 
 import json
-from typing import Any
 
-from radixlm.srt.function_call.base import ParsedCall, RegionScan, ToolCallParser
+from radixlm.srt.function_call.base import ParsedCall, ParserWrapper, RegionScan, ToolCallParser
 from radixlm.srt.function_call.function_tool import FunctionTool
 
 
-class CheckedParser(ToolCallParser):
+class CheckedParser(ParserWrapper):
     """``parser``'s format, keeping only regions whose calls are all valid for the request.
 
     Stateless (one instance serves every choice of a request). Args: parser: the server's
@@ -26,16 +25,8 @@ class CheckedParser(ToolCallParser):
     """
 
     def __init__(self, parser: ToolCallParser, tools: list[FunctionTool]):
-        self.parser = parser
+        super().__init__(parser)
         self.names = frozenset(t.name for t in tools)
-        self.name, self.openers, self.trigger = parser.name, parser.openers, parser.trigger  # type: ignore[misc]
-        self.separator, self.wrapper = parser.separator, parser.wrapper  # type: ignore[misc]
-
-    def region_allowed(self, text: str, pos: int, final: bool) -> Any:
-        return self.parser.region_allowed(text, pos, final)
-
-    def next_region(self, text: str, start: int, final: bool) -> tuple[int, int]:
-        return self.parser.next_region(text, start, final)
 
     def scan_region(self, text: str, start: int, final: bool) -> RegionScan:
         scan = self.parser.scan_region(text, start, final)
@@ -54,9 +45,3 @@ class CheckedParser(ToolCallParser):
             return isinstance(json.loads(call.arguments), dict)
         except ValueError:
             return False
-
-    def call_tag(self, tool: FunctionTool) -> dict[str, Any]:
-        return self.parser.call_tag(tool)
-
-    def render_calls(self, calls: list[tuple[str, Any]]) -> str:
-        return self.parser.render_calls(calls)

@@ -12,14 +12,14 @@ the underlying parser reads them, without the holding back that ``CheckedParser`
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
-from radixlm.srt.function_call.base import RegionScan, ToolCallParser
+from radixlm.srt.function_call.base import ParserWrapper, ToolCallParser
 from radixlm.srt.function_call.function_tool import FunctionTool
 from radixlm.srt.function_call.grammar import auto_triggers
 
 
-class TriggeredParser(ToolCallParser):
+class TriggeredParser(ParserWrapper):
     """``parser``'s format where a region must open with one of ``auto_triggers(parser, tools)``.
 
     Stateless (one instance serves every choice of a request). Args: parser: the server's tool-call
@@ -27,9 +27,7 @@ class TriggeredParser(ToolCallParser):
     """
 
     def __init__(self, parser: ToolCallParser, tools: Sequence[FunctionTool]):
-        self.parser = parser
-        self.name, self.openers, self.trigger = parser.name, parser.openers, parser.trigger  # type: ignore[misc]
-        self.separator, self.wrapper = parser.separator, parser.wrapper  # type: ignore[misc]
+        super().__init__(parser)
         triggers = auto_triggers(parser, tools)
         markers = [o for o in parser.openers if not any(t.startswith(o) for t in triggers)]
         self.starts = tuple(triggers + [m + t for m in markers for t in triggers])
@@ -39,12 +37,3 @@ class TriggeredParser(ToolCallParser):
             return True
         rest = text[pos:]
         return None if not final and any(s.startswith(rest) for s in self.starts) else False
-
-    def scan_region(self, text: str, start: int, final: bool) -> RegionScan:
-        return self.parser.scan_region(text, start, final)
-
-    def call_tag(self, tool: FunctionTool) -> dict[str, Any]:
-        return self.parser.call_tag(tool)
-
-    def render_calls(self, calls: list[tuple[str, Any]]) -> str:
-        return self.parser.render_calls(calls)

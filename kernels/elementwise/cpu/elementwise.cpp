@@ -14,7 +14,6 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include "../../gemm/cpu/work_stealing.h"
-#include "exp2_avx512.h"
 #include "silu_mul_avx512.h"
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>

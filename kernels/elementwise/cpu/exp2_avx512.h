@@ -1,5 +1,5 @@
 // Vector exponentials for the AVX-512 kernels, shared by the attention's softmax
-// (attention/cpu/pair_tile_attention.h) and the bf16 SiLU (elementwise.cpp).
+// (attention/cpu/pair_tile_attention.h) and the bf16 SiLU (silu_mul_avx512.h).
 //
 // exp2_ps: 2^t for 16 fp32 lanes, Cephes' single-precision exp2f polynomial on [-1/2, 1/2] (Moshier
 // 1989; ~1 ulp) with 2^n applied by vscalefps: about half the instructions of Sleef's u10 expf.
