@@ -57,10 +57,13 @@ class ToolCallParser(ABC):
         name: the flag value. openers: literal texts a region may start with. trigger: the text
         that, in ``auto`` mode, switches the grammar from free text to a forced call (a prefix of
         every call's opening). separator: between two calls. wrapper: ``(begin, end)`` literals
-        around all calls of one region ("" when each call is its own region).
+        around all calls of one region ("" when each call is its own region). max_calls: the
+        most calls one choice keeps (None: any number); later calls are dropped, as OpenAI's
+        ``parallel_tool_calls: false`` allows one.
     """
 
     name: ClassVar[str] = "base"
+    max_calls: Optional[int] = None
     openers: ClassVar[tuple[str, ...]] = ()
     trigger: ClassVar[str] = ""
     call_triggers: ClassVar[bool] = False  # auto: triggered by the wrapper's opening + a call's, not the opening alone
@@ -242,11 +245,16 @@ class ToolCallStream:
                 self._settle_text(text[start:end])
             else:
                 self._settled = self._settled.rstrip()  # never sent: trailing whitespace is held
-                self._done.extend(scan.calls)
-                self._done_offsets.extend([len(self._settled)] * len(scan.calls))
+                kept = scan.calls
+                if self.parser.max_calls is not None:  # calls past the limit are dropped, not shown
+                    kept = kept[:max(0, self.parser.max_calls - len(self._done))]
+                self._done.extend(kept)
+                self._done_offsets.extend([len(self._settled)] * len(kept))
                 self._after_region, self._gap = True, ""
             pos = end
         self._pos = pos
+        if self.parser.max_calls is not None:
+            pending = pending[:max(0, self.parser.max_calls - len(self._done))]
         content = self._settled.rstrip() if pending else self._settled
         calls = self._done + pending
         offsets = self._done_offsets + [len(content)] * len(pending)

@@ -21,12 +21,15 @@ class CheckedParser(ParserWrapper):
     """``parser``'s format, keeping only regions whose calls are all valid for the request.
 
     Stateless (one instance serves every choice of a request). Args: parser: the server's
-    tool-call parser. tools: the request's tools (the names to accept).
+    tool-call parser. tools: the request's tools (the names to accept). parallel: False keeps only
+    a choice's first valid call (``parallel_tool_calls: false``; with a grammar the grammar allows
+    only one).
     """
 
-    def __init__(self, parser: ToolCallParser, tools: list[FunctionTool]):
+    def __init__(self, parser: ToolCallParser, tools: list[FunctionTool], parallel: bool = True):
         super().__init__(parser)
         self.names = frozenset(t.name for t in tools)
+        self.max_calls = None if parallel else 1
 
     def scan_region(self, text: str, start: int, final: bool) -> RegionScan:
         scan = self.parser.scan_region(text, start, final)

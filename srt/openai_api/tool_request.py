@@ -133,7 +133,7 @@ def output_tool_parser(parser: ToolCallParser, plan: ToolPlan) -> Optional[ToolC
     if not plan.parse:
         return None
     if plan.structural_tag is None:
-        return CheckedParser(parser, plan.tools)
+        return CheckedParser(parser, plan.tools, plan.parallel)
     if plan.mode == "auto" and parser.call_triggers:
         return TriggeredParser(parser, plan.tools)
     return parser

@@ -80,3 +80,29 @@ def test_the_output_parser_follows_the_plan():
     stream.feed(json_answer)
     stream.finish()
     assert stream.content == json_answer and not stream.calls
+
+
+def test_parallel_tool_calls_false_keeps_the_first_parsed_call():
+    # Without a grammar (outlines: calls are only parsed) the model may write several calls; OpenAI's
+    # parallel_tool_calls: false allows one, so the later ones are dropped, streamed or not.
+    def stream_for(parallel, pieces):
+        req = ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "hi"}],
+                                                    "tools": [TOOL], "parallel_tool_calls": parallel})
+        plan = plan_tools(req, request_tools(req), HERMES, ToolValidator("outlines"), None, None)
+        stream = ToolCallStream(output_tool_parser(HERMES, plan))
+        deltas = [stream.feed(p) for p in pieces] + [stream.finish()]
+        return stream, deltas
+
+    text = ('Sure.\n<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>\n'
+            '<tool_call>\n{"name": "f", "arguments": {"a": 2}}\n</tool_call>')
+    both, _ = stream_for(True, [text])
+    assert [json.loads(c.arguments)["a"] for c in both.calls] == [1, 2]
+    for pieces in ([text], [text[i:i + 7] for i in range(0, len(text), 7)]):
+        one, deltas = stream_for(False, pieces)
+        assert [(c.name, json.loads(c.arguments)) for c in one.calls] == [("f", {"a": 1})]
+        assert one.content == "Sure." and "".join(d.text for d in deltas) == "Sure."
+        assert {c.index for d in deltas for c in d.calls} == {0}
+    # an invalid first region does not use up the one call
+    bad_first = '<tool_call>\n{"name": "nope", "arguments": {}}\n</tool_call>\n' + text.split("\n", 1)[1]
+    one, _ = stream_for(False, [bad_first])
+    assert [json.loads(c.arguments)["a"] for c in one.calls] == [1]
