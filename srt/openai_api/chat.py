@@ -4,8 +4,8 @@
 ``{"type": "object"}``, ``json_schema`` to ``json_schema.schema`` (grammar-constrained decoding).
 Streaming sends, per choice: a first chunk with ``delta.role = "assistant"``, content deltas, exactly
 one chunk with ``finish_reason`` (empty delta); then the usage chunk if asked and ``data: [DONE]``.
-With ``continue_final_message`` (or a final assistant message) the reply continues that message and
-the response holds only the new text.
+With ``continue_final_message: true`` the reply continues the final assistant message and the
+response holds only the new text; without it a final assistant message is history, as in OpenAI's API.
 
 Tools (``tool_request``): the prompt lists them (``tool_prompt``), the output is parsed for calls and,
 on an xgrammar server, constrained so calls are valid (``function_call.grammar``). Messages carry

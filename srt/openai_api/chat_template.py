@@ -69,7 +69,8 @@ class ChatTemplate:
 
         Args:
             continue_final_message: continue the last (assistant) message instead of opening a new
-                assistant turn; ``None`` means "if the last message is from the assistant".
+                assistant turn; ``None`` means no, as in vLLM, SGLang and OpenAI (a final assistant
+                message is history and the reply is a new turn).
             template_kwargs: extra variables for the template (``chat_template_kwargs``).
             tools: ``FunctionTool`` list the prompt offers (None/empty: none).
             tool_parser: the ``ToolCallParser`` whose format the default rendering writes (needed
@@ -95,7 +96,7 @@ class ChatTemplate:
         elif (tools or has_history) and tool_parser is not None:
             plain = default_messages(plain, list(tools or []), tool_parser)
         last_is_assistant = plain[-1]["role"] == "assistant"
-        cont = last_is_assistant if continue_final_message is None else continue_final_message
+        cont = bool(continue_final_message)
         if cont and not last_is_assistant:
             raise OpenAIError("continue_final_message needs the last message to be from the assistant",
                               400, "continue_final_message")

@@ -74,6 +74,9 @@ class StreamOptions(_Strict):
 
     include_usage: Optional[bool] = False
     continuous_usage_stats: Optional[bool] = False
+    # OpenAI pads streamed chunks against length side channels when this is true (its default); a
+    # self-hosted server has no such channel to close, so it is accepted and nothing is padded.
+    include_obfuscation: Optional[bool] = None
 
     def continuous(self) -> bool:
         return bool(self.include_usage and self.continuous_usage_stats)
@@ -97,10 +100,13 @@ class _SamplingRequest(_Strict):
     top_p: Optional[float] = Field(default=None, gt=0, le=1)
     user: Optional[str] = None
     # Standard fields that change nothing on this server, accepted and ignored: nothing is stored
-    # (store, metadata), there is one service tier, and no model here reasons at a set effort.
+    # (store, metadata), there is one service tier, prefix caching needs no key (the radix cache
+    # finds shared prefixes itself) and nothing here uses a safety identifier.
     store: Optional[bool] = None
     metadata: Optional[dict[str, str]] = None
     service_tier: Optional[str] = None
+    prompt_cache_key: Optional[str] = None
+    safety_identifier: Optional[str] = None
     # radixlm / SGLang extras (the native sampling fields)
     top_k: Optional[int] = None
     min_p: Optional[float] = None
@@ -251,8 +257,8 @@ class NamedToolChoice(_Strict):
 
 class ChatCompletionRequest(_SamplingRequest):
     """``POST /v1/chat/completions``. ``max_completion_tokens`` wins over ``max_tokens``; without
-    either the reply may use the rest of the context. ``continue_final_message`` (default: the last
-    message is from the assistant) continues that message instead of opening a new turn.
+    either the reply may use the rest of the context. ``continue_final_message`` (vLLM's and SGLang's;
+    default false) continues the final assistant message instead of opening a new turn.
 
     Tools: ``tool_choice`` is ``none`` / ``auto`` (the default with tools) / ``required`` / a named
     function; ``parallel_tool_calls`` (default true) allows more than one call. ``separate_reasoning``
@@ -276,6 +282,7 @@ class ChatCompletionRequest(_SamplingRequest):
     # Predicted outputs are a latency hint; the reply is the same without it, so it is ignored.
     prediction: Optional[dict[str, Any]] = None
     reasoning_effort: Optional[str] = None
+    verbosity: Optional[Literal["low", "medium", "high"]] = None  # GPT-5 answer length: no model here reads it
     web_search_options: Optional[dict[str, Any]] = None
     continue_final_message: Optional[bool] = None
     add_generation_prompt: Optional[bool] = None  # vLLM's: false renders no assistant-turn opener

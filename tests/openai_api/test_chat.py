@@ -143,11 +143,13 @@ def test_continue_final_message_prefill(client, http, tok):
     ids = chat_prompt_ids(tok, prefill, continue_final_message=True)
     assert tok.decode(ids).endswith("assistant\nOnce upon a time")
     native = http.post("/generate", json={"input_ids": ids, "sampling_params": {"temperature": 0, "max_new_tokens": 8}})
-    for explicit in (None, True):
-        got = _chat(client, prefill, max_tokens=8, temperature=0,
-                    extra_body={} if explicit is None else {"continue_final_message": True})
-        assert got.usage.prompt_tokens == len(ids)
-        assert got.choices[0].message.content == native.json()["text"]  # only the continuation
+    got = _chat(client, prefill, max_tokens=8, temperature=0, extra_body={"continue_final_message": True})
+    assert got.usage.prompt_tokens == len(ids)
+    assert got.choices[0].message.content == native.json()["text"]  # only the continuation
+    # by default (OpenAI, vLLM, SGLang) a final assistant message is history: the reply is a new turn
+    for extra in ({}, {"continue_final_message": False}):
+        got = _chat(client, prefill, max_tokens=8, temperature=0, extra_body=extra)
+        assert got.usage.prompt_tokens == len(chat_prompt_ids(tok, prefill, add_generation_prompt=True))
 
 
 def test_stop_seed_and_json_object(client):

@@ -150,6 +150,7 @@ CASES = [
      f"seed: must be in [-9223372036854775808, 9223372036854775807] (a 64-bit integer), got {-10**23}", "seed"),
     ("responses huge seed", "/v1/responses", {"input": "Hi", "seed": 2**63}, 400,
      f"seed: must be in [-9223372036854775808, 9223372036854775807] (a 64-bit integer), got {2**63}", "seed"),
+    ("unknown verbosity", CHAT, {"messages": USER, "verbosity": "extreme"}, 400, "verbosity", "verbosity"),
     ("huge top_k", CHAT, {"messages": USER, "top_k": 10**23}, 400,
      f"top_k must be -1 (disabled) or in [1, 9223372036854775807], got {10**23}", "top_k"),
 ]
@@ -159,7 +160,8 @@ CASES = [
 ACCEPTED = {
     "store": False, "metadata": {"app": "test"}, "service_tier": "auto", "modalities": ["text"],
     "reasoning_effort": "low", "function_call": "none", "prediction": {"type": "content", "content": "x"},
-    "user": "u1", "parallel_tool_calls": True,
+    "user": "u1", "parallel_tool_calls": True, "prompt_cache_key": "k1", "safety_identifier": "hash-1",
+    "verbosity": "low",
 }
 NULLS = ["prediction", "audio", "functions", "function_call", "tools", "tool_choice", "modalities", "metadata",
          "service_tier", "store", "web_search_options", "response_format", "stream_options", "logit_bias",
@@ -171,6 +173,9 @@ def test_standard_fields_are_accepted(http):
         resp = http.post(CHAT, json={"model": MODEL, "messages": USER, "max_tokens": 2, name: value})
         assert resp.status_code == 200, (name, resp.text)
         assert resp.json()["usage"]["completion_tokens"] == 2
+    streamed = http.post(CHAT, json={"model": MODEL, "messages": USER, "max_tokens": 2, "stream": True,
+                                     "stream_options": {"include_usage": True, "include_obfuscation": True}})
+    assert streamed.status_code == 200 and streamed.text.rstrip().endswith("data: [DONE]"), streamed.text
     every_null = http.post(CHAT, json={"model": MODEL, "messages": USER, "max_tokens": 2, **dict.fromkeys(NULLS)})
     assert every_null.status_code == 200, every_null.text
     completion = http.post(COMPLETIONS, json={"model": MODEL, "prompt": "Lily", "max_tokens": 2, "store": None,
