@@ -28,6 +28,7 @@ from radixlm.srt.function_call import (FunctionTool, ReasoningGrammar, ToolCallP
                                        tool_call_structural_tag)
 from radixlm.srt.function_call.function_tool import NO_PARAMETERS
 from radixlm.srt.function_call.checked import CheckedParser
+from radixlm.srt.function_call.forced import ForcedParser
 from radixlm.srt.function_call.triggered import TriggeredParser
 from radixlm.srt.function_call.pythonic_grammar import UnsupportedSchema
 from radixlm.srt.openai_api.protocol import ChatCompletionRequest, OpenAIError
@@ -129,13 +130,16 @@ def plan_tools(req: ChatCompletionRequest, tools: list[FunctionTool], parser: To
 def output_tool_parser(parser: ToolCallParser, plan: ToolPlan) -> Optional[ToolCallParser]:
     """How the output's calls are read under ``plan`` (None: not at all): with no grammar only calls the
     request allows count (``CheckedParser``); in ``auto`` mode under a grammar whose triggers are whole
-    call openings, regions start only there (``TriggeredParser``); else the format's parser."""
+    call openings, regions start only there (``TriggeredParser``); with a forced call, a region the
+    token limit cut is dropped (``ForcedParser``); else the format's parser."""
     if not plan.parse:
         return None
     if plan.structural_tag is None:
         return CheckedParser(parser, plan.tools, plan.parallel)
     if plan.mode == "auto" and parser.call_triggers:
         return TriggeredParser(parser, plan.tools)
+    if plan.mode in ("required", "named"):
+        return ForcedParser(parser)
     return parser
 
 

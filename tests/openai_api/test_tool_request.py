@@ -8,6 +8,7 @@ import pytest
 
 from radixlm.srt.function_call import ReasoningGrammar, ToolCallStream, create_tool_parser
 from radixlm.srt.function_call.checked import CheckedParser
+from radixlm.srt.function_call.forced import ForcedParser
 from radixlm.srt.function_call.triggered import TriggeredParser
 from radixlm.srt.openai_api.protocol import ChatCompletionRequest, OpenAIError
 from radixlm.srt.openai_api.tool_request import ToolValidator, output_tool_parser, plan_tools, request_tools
@@ -73,7 +74,18 @@ def test_the_output_parser_follows_the_plan():
     assert isinstance(parser_for(llama3, tools=[TOOL]), TriggeredParser)  # auto, grammar: calls at triggers
     assert isinstance(parser_for(pythonic, tools=[TOOL]), TriggeredParser)
     assert parser_for(HERMES, tools=[TOOL]) is HERMES  # its trigger is its own marker
-    assert parser_for(llama3, tools=[TOOL], tool_choice="required") is llama3  # the grammar makes the calls
+    forced = parser_for(llama3, tools=[TOOL], tool_choice="required")  # the grammar makes the calls
+    assert isinstance(forced, ForcedParser) and forced.parser is llama3
+    # a forced call cut by the token limit before its name was whole: no content, no call
+    for parser in (HERMES, llama3):
+        cut = {"hermes": "<tool_call>\n", "llama3": '{"name": "'}[parser.name]
+        stream = ToolCallStream(parser_for(parser, tools=[TOOL], tool_choice="required"))
+        deltas = [stream.feed(cut), stream.finish()]
+        assert stream.content == "" and not stream.calls and not any(d.text or d.calls for d in deltas)
+        plain = ToolCallStream(parser)
+        plain.feed(cut)
+        plain.finish()
+        assert plain.content.strip() == cut.strip()  # what the format's parser alone showed
     assert isinstance(parser_for(llama3, "outlines", tools=[TOOL]), CheckedParser)  # parsed only
     json_answer = '{"name": "Alice", "age": 3}'
     stream = ToolCallStream(parser_for(llama3, tools=[TOOL]))
