@@ -105,7 +105,16 @@ def not_found(response_id: str) -> OpenAIError:
     return OpenAIError(f"Response with id '{response_id}' not found.", 404, "response_id", "response_not_found")
 
 
+def unsupported_route(method: str, sub_route: str) -> OpenAIError:
+    """404 for the Responses API's routes this server does not have (``input_items``, ``input_tokens``,
+    ``cancel``...), naming them rather than reporting a response id that does not exist."""
+    return OpenAIError(f"{method} /v1/responses/{sub_route} is not supported by this server (it has POST "
+                       "/v1/responses, and GET and DELETE /v1/responses/{response_id})", 404, None, "not_found")
+
+
 def retrieve(store: ResponseStore, response_id: str) -> Response:
+    if "/" in response_id:
+        raise unsupported_route("GET", response_id)
     entry = store.get(response_id)
     if entry is None:
         raise not_found(response_id)
@@ -113,6 +122,8 @@ def retrieve(store: ResponseStore, response_id: str) -> Response:
 
 
 def delete(store: ResponseStore, response_id: str) -> Response:
+    if "/" in response_id:
+        raise unsupported_route("DELETE", response_id)
     if not store.delete(response_id):
         raise not_found(response_id)
     return Response(ResponseDeleted(id=response_id).model_dump_json(), media_type="application/json")

@@ -157,6 +157,11 @@ def create_openai_router(tm: Any, server_args: Any, model_info: dict, tokenizer:
     async def retrieve_response(response_id: str) -> Response:
         return responses.retrieve(store, response_id)
 
+    @router.post("/v1/responses/{sub_route:path}", include_in_schema=False)  # an error only
+    @_openai_errors()
+    async def responses_sub_route(sub_route: str) -> Response:
+        raise responses.unsupported_route("POST", sub_route)
+
     @router.delete("/v1/responses/{response_id:path}")
     @_openai_errors()
     async def delete_response(response_id: str) -> Response:

@@ -232,6 +232,12 @@ def test_round_trip_with_function_call_output_and_previous_response_id(rc):
     assert _calls(again)  # and a next call
     stored = rc.responses.retrieve(chained.id)
     assert stored.id == chained.id and stored.output_text == chained.output_text
+    # sub-routes this server lacks name themselves, not a missing response (they said "resp_.../input_items
+    # not found", and input_tokens was a 405)
+    with pytest.raises(openai.NotFoundError, match=f"GET /v1/responses/{chained.id}/input_items is not supported"):
+        rc.responses.input_items.list(chained.id)
+    with pytest.raises(openai.NotFoundError, match="POST /v1/responses/input_tokens is not supported"):
+        rc.post("/responses/input_tokens", body={"model": "m", "input": "Lily"}, cast_to=object)
     rc.responses.delete(chained.id)
     with pytest.raises(openai.NotFoundError):
         rc.responses.retrieve(chained.id)
