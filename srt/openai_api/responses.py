@@ -250,11 +250,7 @@ def to_messages(instructions: Optional[str], items: Sequence[Any], first_input: 
         if isinstance(item, MessageItem):
             text = _text_of(item.content, f"{where}.content", allow_refusal=item.role == "assistant")
             messages.append({"role": item.role, "content": text})
-        elif isinstance(item, FunctionCallItem):
-            try:
-                json.loads(item.arguments) if item.arguments.strip() else None
-            except ValueError:
-                raise OpenAIError(f"{where}.arguments: not valid JSON", 400, f"{where}.arguments") from None
+        elif isinstance(item, FunctionCallItem):  # arguments that are not JSON pass as text (tool_prompt)
             call = {"id": item.call_id, "type": "function",
                     "function": {"name": item.name, "arguments": item.arguments or "{}"}}
             calls.add(item.call_id)

@@ -44,10 +44,12 @@ def tool_system_prompt(tools: list[FunctionTool], parser: ToolCallParser) -> str
 
 
 def history_calls(message: dict[str, Any], i: int) -> list[tuple[str, Any]]:
-    """``[(name, arguments object)]`` of an assistant message's ``tool_calls``.
+    """``[(name, arguments object)]`` of an assistant message's ``tool_calls``. ``arguments`` that are
+    not JSON (a call the token limit cut, fed back as it came) stay the string they are, as OpenAI
+    accepts them.
 
     Raises:
-        OpenAIError(400): a call without ``function.name``, or ``arguments`` that is not JSON.
+        OpenAIError(400): a call without ``function.name``.
     """
     calls = []
     for j, call in enumerate(message.get("tool_calls") or []):
@@ -60,7 +62,7 @@ def history_calls(message: dict[str, Any], i: int) -> list[tuple[str, Any]]:
             try:
                 arguments = json.loads(arguments) if arguments.strip() else {}
             except ValueError:
-                raise OpenAIError(f"{where}.arguments: not valid JSON", 400, f"{where}.arguments") from None
+                pass  # the text as it is: the model sees what it wrote
         calls.append((fn["name"], arguments))
     return calls
 
