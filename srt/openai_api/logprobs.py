@@ -36,7 +36,14 @@ class TokenStrings:
         self.tokenizer = tokenizer
         self.skip = skip_special_tokens
         self._cache: dict[tuple[int, ...], str] = {}
-        self._bytes = TokenBytes.for_tokenizer(tokenizer, skip_special_tokens)
+        self._bytes_known = False  # TokenBytes is looked up on first use (most requests want no logprobs)
+        self._bytes_of: Optional[TokenBytes] = None
+
+    @property
+    def _bytes(self) -> Optional[TokenBytes]:
+        if not self._bytes_known:
+            self._bytes_of, self._bytes_known = TokenBytes.for_tokenizer(self.tokenizer, self.skip), True
+        return self._bytes_of
 
     def _decode(self, ids: Sequence[int]) -> str:
         key = tuple(ids)

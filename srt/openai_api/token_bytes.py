@@ -48,9 +48,9 @@ class TokenBytes:
     @classmethod
     def for_tokenizer(cls, tokenizer: Any, skip_special_tokens: bool = True) -> Optional["TokenBytes"]:
         """The tokenizer's ``TokenBytes``, or None when its decoder is neither family (or unknown)."""
-        backend = getattr(tokenizer, "backend_tokenizer", None)
-        try:
-            decoder = json.loads(backend.to_str()).get("decoder") or {} if backend is not None else {}
+        backend_decoder = getattr(getattr(tokenizer, "backend_tokenizer", None), "decoder", None)
+        try:  # the decoder's own JSON (microseconds; the whole tokenizer's is megabytes)
+            decoder = json.loads(backend_decoder.__getstate__()) if backend_decoder is not None else {}
         except (AttributeError, TypeError, ValueError):
             return None
         steps = decoder.get("decoders") or [decoder]
