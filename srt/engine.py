@@ -48,6 +48,9 @@ class Engine:
         if args.dp_size > 1:  # replicas are processes; this engine drives one scheduler in the caller's thread
             raise ServerArgsError(f"dp_size={args.dp_size}: data-parallel replicas need the server "
                                   "(radixlm serve --dp-size N); the in-process Engine runs one replica")
+        if args.tp_size > 1:  # ranks are processes too: the Engine would run one unsharded copy
+            raise ServerArgsError(f"tp_size={args.tp_size}: tensor parallelism needs the server "
+                                  "(radixlm serve --tp-size N); the in-process Engine runs one rank")
         self.model_config = ModelConfig.from_path(args.model_path, dtype=args.model_dtype(), context_length=args.context_length,
                                                   device=args.device, cache_dir=args.cache_dir)
         if args.cpu_threads is not None:  # only when asked: the process is the caller's
@@ -64,6 +67,7 @@ class Engine:
         # The scheduler runs in the calling thread: calls from several threads take turns (unserialized
         # they interleaved scheduler steps and corrupted the KV bookkeeping).
         self._lock = threading.RLock()
+        self._closed = False
 
     # ---- public API ------------------------------------------------------------------------
     def generate(self, prompt: Prompt = None, sampling_params: Union[dict, list[dict], None] = None,
@@ -78,7 +82,10 @@ class Engine:
         Raises:
             InvalidRequestError: bad input (empty, too long, ids outside the vocabulary, bad
                 sampling values, an explicit ``max_new_tokens`` beyond the context left after the
-                prompt, as ``/generate``'s 400); nothing is queued then.
+                prompt, as ``/generate``'s 400; rids repeated within the call); nothing is queued then.
+            RuntimeError: after ``shutdown()``.
+        An exception while the call runs (Ctrl-C, a timeout's) aborts the call's requests and frees
+        their KV before it propagates.
         """
         with self._lock:
             return self._generate(prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
@@ -87,6 +94,8 @@ class Engine:
     def _generate(self, prompt: Prompt, sampling_params: Union[dict, list[dict], None], input_ids: InputIds,
                   return_logprob: bool, logprob_start_len: int, top_logprobs_num: int,
                   rid: Union[str, list[str], None]) -> Union[dict, list[dict]]:
+        if self._closed:
+            raise RuntimeError("the engine is shut down: create a new radixlm.Engine")
         batch, prompts_ids = self._normalize(prompt, input_ids)
         n = len(prompts_ids)
         params_list = self._params(sampling_params, n)
@@ -109,6 +118,9 @@ class Engine:
             msgs.extend(TokenizedGenerateReq(rid=cr, input_ids=ids, sampling_params=cp, return_logprob=return_logprob,
                                              logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num)
                         for cp, cr in copies)
+        if len({m.rid for m in msgs}) < len(msgs):
+            raise InvalidRequestError("rids must be unique within one call (with n > 1 each gets _<j> appended)",
+                                      "rid")
         results = self._run(msgs)
         out = [results[m.rid] for m in msgs]
         return out if batch or samples > 1 else out[0]
@@ -133,8 +145,10 @@ class Engine:
                 "internal_state": {f: getattr(state, f) for f in state.__struct_fields__}}
 
     def shutdown(self) -> None:
-        """Drop queued work, finish queued storage writes, stop the grammar compiler threads."""
+        """Drop queued work, finish queued storage writes, stop the grammar compiler threads; later
+        ``generate`` calls raise RuntimeError."""
         with self._lock:
+            self._closed = True
             self.scheduler.waiting.clear()
             self.scheduler.close()
             if self.scheduler.grammar_cache is not None:
@@ -146,11 +160,19 @@ class Engine:
         start = time.monotonic()
         for m in msgs:
             self.scheduler.add_request(m)
-        while not all(a.finished for a in acc.values()):
-            progressed = self.scheduler.step()
-            self._drain(acc, start)
-            if not progressed and not all(a.finished for a in acc.values()):
-                raise RuntimeError("scheduler went idle with unfinished requests")
+        try:
+            while not all(a.finished for a in acc.values()):
+                progressed = self.scheduler.step()
+                self._drain(acc, start)
+                if not progressed and not all(a.finished for a in acc.values()):
+                    raise RuntimeError("scheduler went idle with unfinished requests")
+        except BaseException:  # interrupted (Ctrl-C, a timeout): end this call's requests, free their KV
+            for rid, a in acc.items():
+                if not a.finished:
+                    self.scheduler.abort(rid, exact=True, message="the generate call was interrupted")
+            self.scheduler.step()  # reaps the aborted running requests (nothing else is queued)
+            self._outbox.clear()
+            raise
         self._drain(acc, start)
         return {rid: a.result() for rid, a in acc.items()}
 

@@ -164,6 +164,50 @@ def test_bad_input_is_a_typed_error_and_engine_survives(engine, kwargs, fragment
     assert engine.generate("Lily", GREEDY)["meta_info"]["completion_tokens"] == 8
 
 
+def test_duplicate_rids_in_one_call_are_refused(engine):
+    # they merged two requests' outputs into one result each (an offline user's report)
+    for kwargs in ({"prompt": ["a", "b"], "rid": ["x", "x"]},
+                   {"prompt": ["a", "b"], "rid": ["x", "x"], "sampling_params": {"n": 2, **GREEDY}}):
+        with pytest.raises(InvalidRequestError, match="rids must be unique"):
+            engine.generate(**{"sampling_params": GREEDY, **kwargs})
+    assert [r["text"] for r in engine.generate(["a", "b"], GREEDY, rid=["x", "y"])] == \
+        [engine.generate("a", GREEDY)["text"], engine.generate("b", GREEDY)["text"]]
+
+
+def test_an_interrupted_call_ends_its_requests(engine):
+    """Ctrl-C or a timeout inside generate: the call's requests are aborted and their KV freed, so they
+    neither hold the pool nor keep decoding inside later calls (they did, with no way to stop them)."""
+    step, calls = engine.scheduler.step, [0]
+
+    def interrupted_step():
+        calls[0] += 1
+        if calls[0] == 4:
+            raise KeyboardInterrupt
+        return step()
+
+    engine.scheduler.step = interrupted_step
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            engine.generate(["Once upon"] * 4, {"max_new_tokens": 500, "ignore_eos": True})
+    finally:
+        del engine.scheduler.step
+    state = engine.get_server_info()["internal_state"]
+    assert state["num_running_reqs"] == 0 and state["num_waiting_reqs"] == 0
+    assert engine.generate("Lily", GREEDY)["meta_info"]["completion_tokens"] == 8
+
+
+def test_tp_size_and_calls_after_shutdown_are_refused(stories_path):
+    from radixlm.srt.server_args import ServerArgsError
+
+    with pytest.raises(ServerArgsError, match="tp_size=2"):
+        Engine(stories_path, tp_size=2)
+    alone = Engine(stories_path, max_total_tokens=512)
+    assert alone.generate("Lily", GREEDY)["meta_info"]["completion_tokens"] == 8
+    alone.shutdown()
+    with pytest.raises(RuntimeError, match="shut down"):
+        alone.generate("Lily", GREEDY)
+
+
 def test_default_max_new_tokens_is_clamped_to_the_context(engine):
     # As /generate: only an explicit max_new_tokens that cannot fit is an error; the default (128)
     # is clamped, so a prompt 1 token short of the context gets exactly one token.
