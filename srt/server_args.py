@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 from dataclasses import dataclass, field
 from typing import Any, Optional, get_type_hints
 
@@ -363,11 +364,26 @@ class ServerArgs:
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> "ServerArgs":
-        """Build from keyword arguments (the offline Engine's form); unknown names are errors."""
+        """Build from keyword arguments (the offline Engine's form); unknown names and values of the
+        wrong type (``max_total_tokens="100"``) are ``ServerArgsError``s."""
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(kwargs) - names)
         if unknown:
             raise ServerArgsError(f"unknown server argument(s): {', '.join(unknown)}")
+        hints = get_type_hints(cls)
+        for name, value in kwargs.items():
+            typ = hints[name]
+            base = _base_type(typ)
+            if value is None and base is not typ:
+                continue  # Optional: None is the default's meaning
+            if base is str and isinstance(value, os.PathLike):
+                value = kwargs[name] = os.fspath(value)  # a pathlib.Path for a path
+            ok = isinstance(value, bool) if base is bool else (
+                isinstance(value, (int, float)) and not isinstance(value, bool) if base is float else
+                isinstance(value, base) and not isinstance(value, bool) if base is int else isinstance(value, base))
+            if not ok:
+                raise ServerArgsError(f"{name} must be {'an' if base is int else 'a'} {base.__name__}, got "
+                                      f"{type(value).__name__} {value!r}")
         args = cls(**kwargs)
         args.validate()
         return args

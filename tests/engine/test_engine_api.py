@@ -201,6 +201,10 @@ def test_tp_size_and_calls_after_shutdown_are_refused(stories_path):
 
     with pytest.raises(ServerArgsError, match="tp_size=2"):
         Engine(stories_path, tp_size=2)
+    with pytest.raises(ServerArgsError, match="max_total_tokens must be an int, got str '100'"):
+        Engine(stories_path, max_total_tokens="100")  # was a raw TypeError from the comparison
+    with pytest.raises(ServerArgsError, match="disable_radix_cache must be a bool"):
+        Engine(stories_path, disable_radix_cache=1)
     alone = Engine(stories_path, max_total_tokens=512)
     assert alone.generate("Lily", GREEDY)["meta_info"]["completion_tokens"] == 8
     alone.shutdown()
