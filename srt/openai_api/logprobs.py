@@ -19,6 +19,7 @@ looks at a token's left context, so streamed chunks get the same strings.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Optional, Sequence
 
@@ -36,14 +37,10 @@ class TokenStrings:
         self.tokenizer = tokenizer
         self.skip = skip_special_tokens
         self._cache: dict[tuple[int, ...], str] = {}
-        self._bytes_known = False  # TokenBytes is looked up on first use (most requests want no logprobs)
-        self._bytes_of: Optional[TokenBytes] = None
 
-    @property
-    def _bytes(self) -> Optional[TokenBytes]:
-        if not self._bytes_known:
-            self._bytes_of, self._bytes_known = TokenBytes.for_tokenizer(self.tokenizer, self.skip), True
-        return self._bytes_of
+    @functools.cached_property
+    def _bytes(self) -> Optional[TokenBytes]:  # looked up on first use: most requests want no logprobs
+        return TokenBytes.for_tokenizer(self.tokenizer, self.skip)
 
     def _decode(self, ids: Sequence[int]) -> str:
         key = tuple(ids)

@@ -11,30 +11,15 @@ them where this module knows the family, and decoding otherwise.
 
 from __future__ import annotations
 
-import json
-import re
 from typing import Any, Optional
 
-_BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
-
-
-def _gpt2_byte_decoder() -> dict[str, int]:
-    """GPT-2's printable stand-ins for the 256 byte values (``bytes_to_unicode``), inverted."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
-        list(range(ord("®"), ord("ÿ") + 1))
-    chars, extra = {}, 0
-    for b in range(256):
-        if b in printable:
-            chars[chr(b)] = b
-        else:
-            chars[chr(256 + extra)] = b
-            extra += 1
-    return chars
+from radixlm.constrained.vocab import BYTE_TOKEN, decoder_config, detect_vocab_type, gpt2_unicode_to_bytes
 
 
 class TokenBytes:
     """Bytes of token ids (``of``) and whether the decoder drops the text's first space
-    (``strips_first_space``: SentencePiece's ``Strip`` / ``Metaspace``). Build with ``for_tokenizer``."""
+    (``strips_first_space``: SentencePiece's ``Strip`` / ``Metaspace``). Build with ``for_tokenizer``;
+    the byte encodings are constrained.vocab's (the grammar backends' token bytes)."""
 
     def __init__(self, tokenizer: Any, byte_level: bool, strips_first_space: bool, skip_special_tokens: bool):
         self.tokenizer = tokenizer
@@ -42,31 +27,21 @@ class TokenBytes:
         self.strips_first_space = strips_first_space
         self.skip = skip_special_tokens
         self.special = frozenset(getattr(tokenizer, "all_special_ids", None) or ())
-        self._decoder = _gpt2_byte_decoder() if byte_level else {}
         self._cache: dict[int, bytes] = {}
 
     @classmethod
     def for_tokenizer(cls, tokenizer: Any, skip_special_tokens: bool = True) -> Optional["TokenBytes"]:
-        """The tokenizer's ``TokenBytes``, or None when its decoder is neither family (or unknown)."""
-        backend_decoder = getattr(getattr(tokenizer, "backend_tokenizer", None), "decoder", None)
-        try:  # the decoder's own JSON (microseconds; the whole tokenizer's is megabytes)
-            decoder = json.loads(backend_decoder.__getstate__()) if backend_decoder is not None else {}
-        except (AttributeError, TypeError, ValueError):
+        """The tokenizer's ``TokenBytes``, or None when its tokens do not spell bytes (``raw``)."""
+        kind = detect_vocab_type(tokenizer)
+        if kind == "raw":
             return None
-        steps = decoder.get("decoders") or [decoder]
-        kinds = {d.get("type") for d in steps}
-        if "ByteLevel" in kinds:
-            return cls(tokenizer, True, False, skip_special_tokens)
-        metaspace = next((d for d in steps if d.get("type") == "Metaspace"), None)
-        spaces = metaspace is not None or any(
-            d.get("type") == "Replace" and (d.get("pattern") or {}).get("String") == "▁" and d.get("content") == " "
-            for d in steps)
-        if "ByteFallback" not in kinds or not spaces:
-            return None
+        config = decoder_config(tokenizer)
+        steps = config.get("decoders") or [config]
         strips = any(d.get("type") == "Strip" and d.get("content") == " " and d.get("start", 0) >= 1 for d in steps)
+        metaspace = next((d for d in steps if d.get("type") == "Metaspace"), None)
         if metaspace is not None:
             strips = strips or metaspace.get("prepend_scheme", "always") != "never" and metaspace.get("add_prefix_space", True)
-        return cls(tokenizer, False, strips, skip_special_tokens)
+        return cls(tokenizer, kind == "byte_level", kind == "byte_fallback" and strips, skip_special_tokens)
 
     def of(self, token_id: int) -> bytes:
         """The bytes ``token_id`` adds to the text (b"" for a skipped special token)."""
@@ -79,12 +54,13 @@ class TokenBytes:
             token = self.tokenizer.convert_ids_to_tokens(token_id)
             token = token if isinstance(token, str) else ""
             if self.byte_level:
+                to_byte = gpt2_unicode_to_bytes()
                 try:
-                    out = bytes(self._decoder[c] for c in token)
+                    out = bytes(to_byte[c] for c in token)
                 except KeyError:  # an added token (e.g. "<|im_start|>") is its own text
                     out = token.encode("utf-8")
             else:
-                m = _BYTE_TOKEN.fullmatch(token)
+                m = BYTE_TOKEN.match(token)
                 out = bytes([int(m.group(1), 16)]) if m else token.replace("▁", " ").encode("utf-8")
         self._cache[token_id] = out
         return out
