@@ -17,7 +17,8 @@ Usage (``import radixlm.lang as rl``)::
 
 Verbs: :func:`function`, :func:`gen` (``gen_int``, ``gen_string``), :func:`select` (choice methods
 ``token_length_normalized``, ``greedy_token_selection``, ``unconditional_likelihood_normalized``),
-roles :func:`system` / :func:`user` / :func:`assistant` (also ``with s.user():``). Backends:
+roles :func:`system` / :func:`user` / :func:`assistant` (also ``with s.user():``),
+:func:`separate_reasoning`. Backends:
 :class:`RuntimeEndpoint` (a running server), :class:`Runtime` (launches one), :class:`Engine`
 (in-process). Importing this package does not import torch.
 """
@@ -33,6 +34,7 @@ from radixlm.lang.api import (
     gen_string,
     get_server_info,
     select,
+    separate_reasoning,
     system,
     system_begin,
     system_end,
@@ -61,7 +63,7 @@ __all__ = [
     "Backend", "BackendError", "ChatTemplate", "ChoicesDecision", "ChoicesSamplingMethod", "Engine",
     "Program", "ProgramError", "ProgramState", "ProgramStateGroup", "Runtime", "RuntimeEndpoint",
     "assistant", "assistant_begin", "assistant_end", "flush_cache", "function", "gen", "gen_int",
-    "gen_string", "get_default_backend", "get_server_info", "greedy_token_selection", "select",
+    "gen_string", "get_default_backend", "get_server_info", "greedy_token_selection", "select", "separate_reasoning",
     "set_default_backend", "system", "system_begin", "system_end", "token_length_normalized",
     "unconditional_likelihood_normalized", "user", "user_begin", "user_end",
 ]

@@ -24,8 +24,10 @@ def gen(
     name: Optional[str] = None,
     max_tokens: Optional[int] = None,
     min_tokens: Optional[int] = None,
+    n: Optional[int] = None,
     stop: Optional[Union[str, Sequence[str]]] = None,
     stop_token_ids: Optional[Sequence[int]] = None,
+    stop_regex: Optional[Union[str, Sequence[str]]] = None,
     temperature: Optional[float] = None,
     top_p: Optional[float] = None,
     top_k: Optional[int] = None,
@@ -50,13 +52,25 @@ def gen(
     whose own defaults are ``max_new_tokens=128, temperature=1.0, top_p=1.0, top_k=-1``.
     ``dtype`` (int, float, bool, str) constrains the output with a regex (and, for numbers, stops
     at a space or newline); it wins over ``regex``. ``choices`` makes this a :func:`select`.
-    ``regex`` is compiled here, so a bad pattern fails before anything is sent.
+    ``regex`` and ``stop_regex`` are compiled here, so a bad pattern fails before anything is sent.
+    ``n > 1`` samples n completions of the same text (not streamed): the variable holds the list of
+    them, its meta info the list of their ``meta_info``, and the program text continues with the
+    first, as in SGLang.
+
+    Raises:
+        re.error: ``regex`` or a ``stop_regex`` does not compile.
+        ValueError: ``n`` below 1.
     """
     if choices is not None:
         return select(name, choices, temperature=temperature or 0.0, choices_method=choices_method)
     ir.validate_regex(regex)
+    for pattern in [stop_regex] if isinstance(stop_regex, str) else (stop_regex or ()):
+        ir.validate_regex(pattern)
+    if n is not None and n < 1:
+        raise ValueError(f"gen(n={n}): n must be at least 1")
     params = ir.GenParams.from_kwargs(
-        max_new_tokens=max_tokens, min_new_tokens=min_tokens, stop=stop, stop_token_ids=stop_token_ids,
+        max_new_tokens=max_tokens, min_new_tokens=min_tokens, n=n, stop=stop, stop_token_ids=stop_token_ids,
+        stop_regex=stop_regex,
         temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, frequency_penalty=frequency_penalty,
         presence_penalty=presence_penalty, ignore_eos=ignore_eos, return_logprob=return_logprob,
         logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num,
@@ -93,9 +107,9 @@ def select(name: Optional[str] = None, choices: Optional[Sequence[str]] = None, 
 
 
 def _role(role: str, expr: Any) -> ir.Expr:
-    if expr is None:
-        raise TypeError(f"{role}() needs content here; use `with s.{role}():` for the block form")
-    return ir.ExprList([ir.RoleBegin(role), *ir.walk(ir.to_expr(expr)), ir.RoleEnd(role)])
+    """A whole turn; with no content an empty one, as SGLang's (the block form is ``with s.user():``)."""
+    content = [] if expr is None else ir.walk(ir.to_expr(expr))
+    return ir.ExprList([ir.RoleBegin(role), *content, ir.RoleEnd(role)])
 
 
 def system(expr: Any = None) -> ir.Expr:
@@ -137,9 +151,41 @@ def assistant_end() -> ir.Expr:
     return ir.RoleEnd("assistant")
 
 
-def flush_cache(backend: Any = None) -> bool:
-    """Flush the (default) backend's prefix cache; False when the server refused."""
+def flush_cache(backend: Any = None, empty_cache: bool = True) -> bool:
+    """Flush the (default) backend's prefix cache; False when the server refused (requests in flight).
+
+    ``empty_cache`` is SGLang's (it also returns freed CUDA memory to the driver there); the KV pools
+    here stay allocated either way, so it changes nothing.
+    """
+    del empty_cache
     return resolve_backend(backend).flush_cache()
+
+
+def separate_reasoning(expr: Any = None, model_type: Optional[str] = None) -> ir.Expr:
+    """``expr`` (a gen or select, or a list holding some), then split each named one's output into the
+    answer and the reasoning by the tags of reasoning parser ``model_type`` (SGLang's
+    ``separate_reasoning``; the names of ``--reasoning-parser``: ``deepseek-r1``, ``qwen3``, ...).
+
+    After it, variable ``x`` holds the answer and ``x_reasoning_content`` the reasoning ("" when there
+    was none), and the program text keeps only the answer where ``x``'s output was (a streamed
+    program's text keeps what it streamed).
+
+    Raises:
+        ValueError: ``model_type`` is not a known reasoning parser, or ``expr`` has no named gen/select.
+    """
+    from radixlm.srt.reasoning_parser import get_reasoning_format
+
+    if model_type is None:
+        raise ValueError("separate_reasoning needs model_type, a reasoning parser name such as 'deepseek-r1'")
+    get_reasoning_format(model_type)
+    if expr is None:
+        return ir.ExprList([])
+    nodes = ir.walk(ir.to_expr(expr))
+    names = [n.name for n in nodes if isinstance(n, (ir.Gen, ir.Select)) and n.name is not None]
+    if not names:
+        raise ValueError("separate_reasoning needs a named gen or select (gen('answer', ...))")
+    # The last output first: splitting it does not move the text of the ones before it.
+    return ir.ExprList([*nodes, *(ir.SeparateReasoning(name, model_type) for name in reversed(names))])
 
 
 def get_server_info(backend: Any = None) -> dict[str, Any]:

@@ -81,19 +81,31 @@ class Backend(ABC):
         sampling, top = params.to_srt()
         return {"text": prompt, "sampling_params": sampling, **top}
 
-    def complete(self, prompt: str, params: GenParams) -> tuple[str, dict[str, Any]]:
-        """Complete ``prompt``; returns ``(text, meta_info)``."""
-        resp = check_response(self.request(self._body(prompt, params)))  # type: ignore[arg-type]
+    def complete(self, prompt: str, params: GenParams) -> tuple[Any, Any]:
+        """Complete ``prompt``; returns ``(text, meta_info)``, or with ``params.n > 1`` the lists
+        ``([text, ...], [meta_info, ...])`` of the n samples."""
+        resp = self.request(self._body(prompt, params))
+        if isinstance(resp, list):  # n > 1: one response per sample
+            samples = [check_response(r) for r in resp]
+            return [r["text"] for r in samples], [r["meta_info"] for r in samples]
+        resp = check_response(resp)
         return resp["text"], resp["meta_info"]
 
     def complete_stream(self, prompt: str, params: GenParams) -> Iterator[tuple[str, Optional[dict]]]:
-        """Stream a completion: yields ``(new_text, None)`` per chunk, then ``("", meta_info)`` once."""
+        """Stream a completion: yields ``(new_text, meta_info so far)`` per chunk, then
+        ``("", meta_info)`` once.
+
+        Raises:
+            ValueError: ``params.n > 1`` (n samples do not stream as one text).
+        """
+        if (params.n or 1) > 1:
+            raise ValueError(f"gen(n={params.n}) cannot stream: run the program with stream=False")
         emitted, meta = "", None
         for event in self.request_stream(self._body(prompt, params)):
             check_response(event)
             text, meta = event.get("text", ""), event.get("meta_info")
             if len(text) > len(emitted) and text.startswith(emitted):
-                yield text[len(emitted):], None
+                yield text[len(emitted):], meta
                 emitted = text
         yield "", meta
 

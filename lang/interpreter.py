@@ -45,6 +45,8 @@ class StreamExecutor:
         self.variables: dict[str, Any] = {}
         self.meta_info: dict[str, Any] = {}
         self.stream_vars: dict[str, str] = {}  # partial values of streaming gens
+        self.stream_meta: dict[str, Any] = {}  # their latest meta_info
+        self.spans: dict[str, tuple[int, int]] = {}  # where a gen's / select's output sits in text_
         self.error_: Optional[BaseException] = None
         self.fork_start_text_pos = 0
         self.cur_role: Optional[str] = None
@@ -67,10 +69,9 @@ class StreamExecutor:
     def submit(self, expr: ir.Expr) -> None:
         """Queue ``expr``'s nodes; names they will set get fresh (unset) events now."""
         for node in ir.walk(expr):
-            name = _produces(node)
             with self._cond:
                 events = {}
-                if name is not None:
+                for name in _produces(node):
                     events[name] = self._var_events[name] = threading.Event()
                 self._queue.append((node, events))
                 self._pending += 1
@@ -149,6 +150,14 @@ class StreamExecutor:
             ev.set()
             self._cond.notify_all()
 
+    def meta_so_far(self, name: str) -> Any:
+        """The meta info of variable ``name``: final once its gen is done, else the stream's latest."""
+        with self._cond:
+            ev = self._var_events.get(name)
+            if ev is not None and ev.is_set():
+                return self.meta_info.get(name)
+            return self.stream_meta.get(name)
+
     def wait_stream(self, var: Optional[str], pos: int) -> tuple[str, bool]:
         """Block until text past ``pos`` exists or the source is done; returns ``(new_text, done)``.
 
@@ -160,7 +169,9 @@ class StreamExecutor:
             ev = self._var_events.get(var)
             done = (ev is not None and ev.is_set()) or (ev is None and self.finished)
             if ev is not None and ev.is_set() and self._produced_by.get(var) is ev:
-                value = self.variables[var]
+                # A streamed gen's iterator ends with what was streamed (separate_reasoning may have
+                # rewritten the variable since); anything else with its value.
+                value = self.stream_vars[var] if var in self.stream_vars else self.variables[var]
                 return (str(value)[pos:] if isinstance(value, str) else ""), True
             return self.stream_vars.get(var, "")[pos:], done
 
@@ -186,8 +197,11 @@ class StreamExecutor:
             self._execute_gen(node)
         elif isinstance(node, ir.Select):
             decision = self.backend.select(self.text_, node.choices, node.choices_method)
+            start = len(self.text_)
             self._append(decision.decision)
-            self._set_result(node.name, decision.decision, decision.meta_info)
+            self._set_result(node.name, decision.decision, decision.meta_info, (start, len(self.text_)))
+        elif isinstance(node, ir.SeparateReasoning):
+            self._separate_reasoning(node)
         elif isinstance(node, ir.RoleBegin):
             self._role_begin(node.role)
         elif isinstance(node, ir.RoleEnd):
@@ -204,32 +218,61 @@ class StreamExecutor:
         else:
             raise TypeError(f"cannot execute {node!r}")
 
-    def _set_result(self, name: Optional[str], value: Any, meta: Any) -> None:
+    def _set_result(self, name: Optional[str], value: Any, meta: Any,
+                    span: Optional[tuple[int, int]] = None) -> None:
         if name is None:
             return
         with self._cond:
             self.variables[name] = value
             if meta is not None:
                 self.meta_info[name] = meta
+            if span is not None:
+                self.spans[name] = span
             self._produced_by[name] = self._current_events[name]
 
     def _execute_gen(self, node: ir.Gen) -> None:
         stop = self.template().stop_str if self.cur_role == "assistant" else None
         params = node.params.merged_over(self.default_params).resolved(stop)
         prompt = self.text_
+        start = len(prompt)
         if not self.stream:
             value, meta = self.backend.complete(prompt, params)
-            self._append(value)
+            self._append(value[0] if isinstance(value, list) else value)  # n > 1: the text goes on with the first
         else:
             if node.name is not None:
                 with self._cond:
                     self.stream_vars[node.name] = ""
-            start, meta = len(prompt), None
+                    self.stream_meta.pop(node.name, None)
+            meta = None
             for delta, meta in self.backend.complete_stream(prompt, params):
+                if node.name is not None and meta is not None:
+                    self.stream_meta[node.name] = meta
                 if delta:
                     self._append(delta, node.name)
             value = self.text_[start:]
-        self._set_result(node.name, value, meta)
+        self._set_result(node.name, value, meta, (start, len(self.text_)))
+
+    def _separate_reasoning(self, node: ir.SeparateReasoning) -> None:
+        """Split a finished output into answer and reasoning (``ir.SeparateReasoning``)."""
+        from radixlm.srt.reasoning_parser import ReasoningStream, get_reasoning_format, starts_in_reasoning
+
+        value = self.variables.get(node.name)
+        if node.name not in self._produced_by or not isinstance(value, str):
+            raise ValueError(f"separate_reasoning: {node.name!r} is not the text of a finished gen or select")
+        fmt = get_reasoning_format(node.model_type)
+        start, end = self.spans.get(node.name, (len(self.text_), len(self.text_)))
+        split = ReasoningStream(fmt, starts_in_reasoning(fmt, self.text_[:start]))
+        split.feed(value)
+        split.finish()
+        with self._cond:
+            self.variables[node.name] = split.content
+            self.variables[node.reasoning_name] = split.reasoning
+            for name in (node.name, node.reasoning_name):
+                self._produced_by[name] = self._current_events[name]
+            if not self.stream and self.text_[start:end] == value:  # streamed text stays as it was sent
+                self.text_ = self.text_[:start] + split.content + self.text_[end:]
+                self.spans[node.name] = (start, start + len(split.content))
+            self._cond.notify_all()
 
     def _role_begin(self, role: str) -> None:
         if self.cur_role is not None:
@@ -250,7 +293,8 @@ class StreamExecutor:
         if self.cur_role != role:
             raise ValueError(f"role {role!r} ends but the current role is {self.cur_role!r}")
         with self._cond:
-            self.messages_.append({"role": role, "content": self.text_[self.cur_role_begin_pos:].strip()})
+            # Leading whitespace only, as SGLang: a turn's trailing newlines are the model's.
+            self.messages_.append({"role": role, "content": self.text_[self.cur_role_begin_pos:].lstrip()})
         self._append(self.template().suffix(role))
         self.cur_role = None
 
@@ -277,9 +321,12 @@ class StreamExecutor:
         return child
 
 
-def _produces(node: ir.Expr) -> Optional[str]:
+def _produces(node: ir.Expr) -> tuple[str, ...]:
+    """The variables ``node`` sets (a read of one waits for the latest node that sets it)."""
     if isinstance(node, (ir.Gen, ir.Select)):
-        return node.name
+        return () if node.name is None else (node.name,)
     if isinstance(node, ir.VarScopeEnd):
-        return node.name
-    return None
+        return (node.name,)
+    if isinstance(node, ir.SeparateReasoning):  # rewrites the answer, adds the reasoning
+        return (node.name, node.reasoning_name)
+    return ()

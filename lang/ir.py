@@ -51,6 +51,8 @@ class GenParams:
     min_new_tokens: Optional[int] = None
     stop: Optional[Union[str, tuple[str, ...]]] = None
     stop_token_ids: Optional[tuple[int, ...]] = None
+    stop_regex: Optional[Union[str, tuple[str, ...]]] = None
+    n: Optional[int] = None
     temperature: Optional[float] = None
     top_p: Optional[float] = None
     top_k: Optional[int] = None
@@ -67,8 +69,8 @@ class GenParams:
     top_logprobs_num: Optional[int] = None
     return_text_in_logprobs: Optional[bool] = None
 
-    _SAMPLING = ("max_new_tokens", "min_new_tokens", "stop", "stop_token_ids", "temperature", "top_p",
-                 "top_k", "min_p", "frequency_penalty", "presence_penalty", "ignore_eos", "regex",
+    _SAMPLING = ("max_new_tokens", "min_new_tokens", "n", "stop", "stop_token_ids", "stop_regex", "temperature",
+                 "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty", "ignore_eos", "regex",
                  "json_schema", "sampling_seed")
     _LOGPROB = ("return_logprob", "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs")
 
@@ -79,8 +81,9 @@ class GenParams:
         unknown = set(kwargs) - names
         if unknown:
             raise TypeError(f"unknown sampling option(s): {', '.join(sorted(unknown))}")
-        if isinstance(kwargs.get("stop"), list):
-            kwargs["stop"] = tuple(kwargs["stop"])
+        for name in ("stop", "stop_regex"):
+            if isinstance(kwargs.get(name), list):
+                kwargs[name] = tuple(kwargs[name])
         if kwargs.get("stop_token_ids") is not None:
             kwargs["stop_token_ids"] = tuple(kwargs["stop_token_ids"])
         if isinstance(kwargs.get("json_schema"), dict):
@@ -117,6 +120,8 @@ class GenParams:
             sp["stop"] = self.stop_list()
         if "stop_token_ids" in sp:
             sp["stop_token_ids"] = list(sp["stop_token_ids"])
+        if isinstance(sp.get("stop_regex"), tuple):
+            sp["stop_regex"] = list(sp["stop_regex"])
         top = {name: getattr(self, name) for name in self._LOGPROB if getattr(self, name) is not None}
         return sp, top
 
@@ -176,6 +181,21 @@ class VarScopeBegin(Expr):
 @dataclass(frozen=True)
 class VarScopeEnd(Expr):
     name: str
+
+
+@dataclass(frozen=True)
+class SeparateReasoning(Expr):
+    """Split variable ``name`` (a finished gen or select) into its answer and its reasoning, by the tags
+    of reasoning parser ``model_type`` (``radixlm.srt.reasoning_parser``, SGLang's names): ``name``
+    keeps the answer, ``name + "_reasoning_content"`` gets the reasoning (SGLang's
+    ``separate_reasoning``)."""
+
+    name: str
+    model_type: str
+
+    @property
+    def reasoning_name(self) -> str:
+        return f"{self.name}_reasoning_content"
 
 
 @dataclass(frozen=True)

@@ -93,11 +93,14 @@ class Program:
         each item carries its program arguments.
 
         Returns the states in input order: a list, or with ``generator_style`` a generator that yields
-        each state as soon as it and the ones before it are done. A program that fails does not affect
-        the others: its state carries the error (``state.error()``). A constant prefix longer than 64
-        characters is prefilled once before the threads start.
+        each state as soon as it and the ones before it are done. As in SGLang (and as ``run``), an
+        exception raised by a program's Python code propagates here, once the batch's other programs
+        have finished; a failure of the backend (an HTTP 400, an aborted request) does not: that
+        program's state carries it (``state.error()``) and the others are not affected. A constant
+        prefix longer than 64 characters is prefilled once before the threads start.
 
         Raises:
+            Exception: the first (in input order) exception raised by a program's own code.
             TypeError: a keyword that is not a sampling default (a misspelt ``temprature`` would
                 otherwise sample at the default temperature), or an item that is neither a dict nor a
                 sequence of arguments.
@@ -128,7 +131,7 @@ class Program:
         def one(item: Any) -> ProgramState:
             state = self._new_state(resolved, params, stream=False)
             args, call_kwargs = ((), dict(item)) if isinstance(item, dict) else (tuple(item), {})
-            self._execute(state, args, {**self.bound, **call_kwargs}, capture=True)
+            self._execute(state, args, {**self.bound, **call_kwargs}, capture=False)
             return state
 
         from tqdm.auto import tqdm

@@ -80,9 +80,12 @@ class RuntimeEndpoint(Backend):
                     if payload == "[DONE]":
                         return
                     event = json.loads(payload)
-                    if "error" in event:
+                    if "error" in event:  # the server's in-band error: {"message", "type", "code": status}
                         err = event["error"]
-                        raise BackendError(err.get("message", str(err)) if isinstance(err, dict) else str(err))
+                        if not isinstance(err, dict):
+                            raise BackendError(str(err))
+                        code = err.get("code")
+                        raise BackendError(str(err.get("message", err)), code if isinstance(code, int) else None)
                     yield event
         except self._http_error as exc:
             raise BackendError(f"streaming POST {self.base_url}/generate failed: {exc}") from exc

@@ -102,6 +102,6 @@ def score_choices(backend: "Backend", prefix: str, choices: list[str],
         "prompt_tokens": prompt_tokens,
         "cached_tokens": [r["meta_info"].get("cached_tokens") for r in choice_resps],
         "choices_method": repr(method),
-        **decision.meta_info,
+        **(decision.meta_info or {}),  # a custom method may leave it None, as SGLang's default is
     }
     return decision

@@ -26,9 +26,10 @@ class ProgramState:
     - ``ret_value`` holds what the program function returned.
     """
 
-    def __init__(self, executor: StreamExecutor):
+    def __init__(self, executor: StreamExecutor, copy_of: Optional["ProgramStateGroup"] = None):
         self.stream_executor = executor
         self.ret_value: Any = None
+        self._copy_of = copy_of  # set on a copy(): leaving `with s.copy() as c:` joins it into s
 
     # ---- building --------------------------------------------------------------------------
     def __iadd__(self, other: Any) -> "ProgramState":
@@ -121,8 +122,24 @@ class ProgramState:
         return ProgramStateGroup([ProgramState(e) for e in self.stream_executor.fork(size)], self)
 
     def copy(self) -> "ProgramState":
-        """An independent copy of this state (text, variables, messages, role)."""
-        return ProgramState(self.stream_executor.fork(1)[0])
+        """A copy of this state (text, variables, messages, role) that runs on its own.
+
+        As SGLang's, it is also a context manager: ``with s.copy() as c: c += gen("x")`` joins ``c``
+        back into ``s`` when the block ends (``fork(1)`` + ``join()``: ``s["x"]`` is then ``[value]``).
+        """
+        group = ProgramStateGroup([], self)
+        copy = ProgramState(self.stream_executor.fork(1)[0], copy_of=group)
+        group.states.append(copy)
+        return copy
+
+    def __enter__(self) -> "ProgramState":
+        if self._copy_of is None:
+            raise TypeError("only s.copy() is a context manager (`with s.copy() as c:`); roles are `with s.user():`")
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        assert self._copy_of is not None  # __enter__ refused anything else
+        self._copy_of.join()
 
     # ---- streaming -------------------------------------------------------------------------
     def text_iter(self, var_name: Optional[str] = None) -> Iterator[str]:
@@ -141,8 +158,13 @@ class ProgramState:
             elif done:
                 return
 
-    async def text_async_iter(self, var_name: Optional[str] = None) -> AsyncIterator[str]:
-        """``text_iter`` for asyncio code: waits in a thread, never blocks the event loop."""
+    async def text_async_iter(self, var_name: Optional[str] = None,
+                              return_meta_data: bool = False) -> AsyncIterator[Any]:
+        """``text_iter`` for asyncio code: waits in a thread, never blocks the event loop.
+
+        With ``return_meta_data`` and a ``var_name`` (SGLang's flag) each item is ``(text, meta_info)``:
+        the server's ``meta_info`` of that gen as of the chunk (the whole of it with the last chunk).
+        """
         loop = asyncio.get_running_loop()
         it = self.text_iter(var_name)
         done = object()
@@ -150,7 +172,10 @@ class ProgramState:
             chunk = await loop.run_in_executor(None, next, it, done)
             if chunk is done:
                 return
-            yield chunk  # type: ignore[misc]
+            if return_meta_data and var_name is not None:
+                yield chunk, self.stream_executor.meta_so_far(var_name)
+            else:
+                yield chunk
 
     def __repr__(self) -> str:
         return f"ProgramState({self.text()!r})"
@@ -173,6 +198,11 @@ class ProgramStateGroup:
 
     def __getitem__(self, i: int) -> ProgramState:
         return self.states[i]
+
+    def __setitem__(self, i: int, value: ProgramState) -> None:
+        """Completes ``forks[i] += x`` (Python stores the result back); a branch cannot be replaced."""
+        if value is not self.states[i]:
+            raise TypeError("a fork's branch cannot be replaced; append to it with forks[i] += ...")
 
     def __len__(self) -> int:
         return len(self.states)

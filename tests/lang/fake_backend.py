@@ -1,9 +1,10 @@
 """An in-memory backend for interpreter tests: a character-level "model" with scripted replies.
 
 Token ids are ``ord(c)`` (one per character) after a BOS of id 1, so ``prompt_tokens`` is
-``len(text) + 1`` (``bos=False``: no BOS, as GPT-2-style tokenizers). A gen's reply is the first ``replies`` entry whose key the prompt ends with
-(else ``default``), cut at ``max_new_tokens`` characters and at the first stop string. A token's
-logprob is ``scores.get(char, -1.0)``. A prompt containing ``"FAIL"`` gets a 400.
+``len(text) + 1`` (``bos=False``: no BOS, as GPT-2-style tokenizers). A gen's reply is the first
+``replies`` entry whose key the prompt ends with (else ``default``; a list of replies gives sample j
+of an ``n > 1`` request the j-th), cut at ``max_new_tokens`` characters and at the first stop
+string. A token's logprob is ``scores.get(char, -1.0)``. A prompt containing ``"FAIL"`` gets a 400.
 """
 
 from __future__ import annotations
@@ -32,22 +33,24 @@ class FakeBackend(Backend):
         self.cached: list[str] = []
         self.lock = threading.Lock()
 
-    def _reply(self, prompt: str, sp: dict) -> str:
+    def _reply(self, prompt: str, sp: dict, sample: int = 0) -> str:
         reply = next((r for k, r in self.replies.items() if prompt.endswith(k)), self.default)
+        if isinstance(reply, list):  # one reply per sample of an n > 1 request
+            reply = reply[sample]
         reply = reply[: sp.get("max_new_tokens", 128)]
         for stop in sp.get("stop") or []:
             if stop in reply:
                 reply = reply[: reply.index(stop)]
         return reply
 
-    def _one(self, prompt: Any, body: dict) -> dict:
+    def _one(self, prompt: Any, body: dict, sample: int = 0) -> dict:
         if isinstance(prompt, str) and "FAIL" in prompt:
             raise BackendError("prompt contains FAIL", 400)
         ids = [BOS] * self.bos + [ord(c) for c in prompt] if isinstance(prompt, str) else list(prompt)
         sp = body.get("sampling_params") or {}
         meta: dict[str, Any] = {"prompt_tokens": len(ids), "cached_tokens": 0,
                                 "finish_reason": {"type": "length"}}
-        text = "" if sp.get("max_new_tokens") == 0 else self._reply(prompt, sp)
+        text = "" if sp.get("max_new_tokens") == 0 else self._reply(prompt, sp, sample)
         if sp.get("max_new_tokens") == 0 and isinstance(prompt, str):
             with self.lock:
                 self.cached.append(prompt)
@@ -64,7 +67,10 @@ class FakeBackend(Backend):
         key = "text" if body.get("text") is not None else "input_ids"
         prompt = body[key]
         batch = isinstance(prompt, list) and (key == "text" or (prompt and isinstance(prompt[0], list)))
-        return [self._one(p, body) for p in prompt] if batch else self._one(prompt, body)
+        if batch:
+            return [self._one(p, body) for p in prompt]
+        n = (body.get("sampling_params") or {}).get("n", 1)
+        return [self._one(prompt, body, j) for j in range(n)] if n > 1 else self._one(prompt, body)
 
     def request_stream(self, body: dict) -> Iterator[dict]:
         final = self.request(body)

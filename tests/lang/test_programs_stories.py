@@ -64,17 +64,15 @@ def test_run_batch_of_64_in_order_with_an_isolated_failure(stories, capsys):
     @rl.function
     def tell(s, i):
         s += STORY  # constant: traced and prefilled once before the threads start
-        if i == 17:
-            raise ValueError("injected failure")
         s += f" Then {i} friends"
-        s += rl.gen("next", max_tokens=2)
+        s += rl.gen("next", max_tokens=2, top_p=2.0 if i == 17 else None)  # 17: the server says 400
         return i
 
     assert stories.flush_cache()
     states = tell.run_batch([{"i": i} for i in range(64)], backend=stories, temperature=0, progress_bar=True)
     assert "64/64" in capsys.readouterr().err  # the tqdm bar
-    assert [s.ret_value for s in states] == [None if i == 17 else i for i in range(64)]
-    assert isinstance(states[17].error(), ValueError)
+    assert [s.ret_value for s in states] == list(range(64))
+    assert isinstance(states[17].error(), rl.BackendError) and states[17].error().status_code == 400
     for i, s in enumerate(states):
         if i != 17:
             assert s.error() is None and s.text().startswith(f"{STORY} Then {i} friends")
@@ -142,6 +140,23 @@ def test_min_tokens_stop_and_logprobs(stories):
     assert all(len(top) == 2 for top in meta["output_top_logprobs"])
 
 
+def test_n_samples_and_stop_regex_on_the_server(stories):
+    @rl.function
+    def prog(s):
+        s += "Once upon a time"
+        s += rl.gen("many", n=3, max_tokens=6, temperature=1.0, sampling_seed=7)
+        s += " She said"
+        s += rl.gen("cut", max_tokens=40, stop_regex=r"\b(the|a)\b")
+
+    state = prog.run(backend=stories, temperature=0)
+    assert state.error() is None, state.error()
+    many, metas = state["many"], state.get_meta_info("many")
+    assert isinstance(many, list) and len(many) == len(metas) == 3 and len(set(many)) > 1  # seeds 7, 8, 9
+    assert state.text().startswith("Once upon a time" + many[0] + " She said")
+    meta = state.get_meta_info("cut")
+    assert meta["finish_reason"]["type"] == "stop" and re.search(r"\b(the|a)$", state["cut"]), state["cut"]
+
+
 def test_regex_and_dtype_gens(stories):
     require_regex(stories)
     ipv4 = r"((25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)\.){3}(25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
@@ -166,6 +181,10 @@ def test_server_errors_surface_in_the_state(stories):
     assert isinstance(state.error(), rl.BackendError) and state.error().status_code == 400
     with pytest.raises(rl.ProgramError):
         state["y"]
+    streamed = bad.run(backend=stories, stream=True)  # the same error, read from the stream
+    assert "".join(streamed.text_iter()) == "Once upon a time"
+    assert isinstance(streamed.error(), rl.BackendError) and str(streamed.error()) == str(state.error())
+    assert streamed.error().status_code == 400
 
 
 def test_in_process_engine_matches_the_server(stories, stories_path):
