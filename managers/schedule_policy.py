@@ -87,10 +87,14 @@ class PrefillAdder:
         return end - req.num_cached if end > req.num_cached else limit
 
     def fits(self, req: Req, size: int) -> bool:
-        need = self.kv.pages_needed(req, size) * self.kv.page_size
+        ps = self.kv.page_size
+        need = self.kv.pages_needed(req, size) * ps
         reserve = decode_reservation(req, self.new_token_ratio) if size == req.seq_len - req.num_cached else 0
-        # A request's max_new_tokens fits the pool beside its prompt: alone, it is always admitted.
-        reserve = min(reserve, max(self.kv.total_tokens - need, 0))
+        # A request's max_new_tokens fits the pool beside its prompt: alone, it is always admitted. The
+        # room beside it is the pool less all of the prompt's pages: those its cached prefix or earlier
+        # chunks already hold (locked, so not counted as available) and the ones this extend needs.
+        held = -(-req.num_cached // ps) * ps
+        reserve = min(reserve, max(self.kv.total_tokens - held - need, 0))
         return self.kv.available_tokens() - self.reserved >= need + reserve
 
     def add(self, req: Req, size: int) -> None:

@@ -133,3 +133,17 @@ def test_lone_request_longer_than_the_pool_ends_with_length(engine):
     assert_clean(engine)
     again = engine.generate(input_ids=ids[:5], sampling_params={"temperature": 0, "max_new_tokens": 4})
     assert again["meta_info"]["finish_reason"]["type"] == "length"
+
+
+@pytest.mark.parametrize("spare", [0, 3, 7, 12])
+def test_lone_request_that_fills_the_pool_exactly_is_served(engine, spare):
+    """A prompt longer than a chunk whose output fills the pool to the token (newcomer's report: with
+    pages of 16 the last chunk's admission reserved the decode tokens beside that chunk only, not
+    beside the pages the earlier chunks hold, and the request got a 503 after its whole prefill)."""
+    ids = [3 + i % 400 for i in range(POOL - 8 - spare)]
+    sp = {"temperature": 0, "max_new_tokens": 8 + spare, "ignore_eos": True}
+    out = engine.generate(input_ids=ids, sampling_params=sp)
+    fin = out["meta_info"]["finish_reason"]
+    assert fin["type"] == "length" and len(out["output_ids"]) == 8 + spare, fin
+    assert "message" not in fin or fin["message"] is None, fin
+    assert_clean(engine)
