@@ -348,10 +348,15 @@ class TokenizerManager:
                 self.dp.abort(AbortReq(rid=s.msg.rid, exact=True, message="client disconnected"))
 
     def check_admission(self, prep: PreparedRequest) -> None:
-        """Raises RequestError(503) when the scheduler is gone or the queue is full."""
-        count = len(prep.warmups) + len(prep.msgs)
+        """Raises RequestError: 400 when the request alone is more sequences than the server may hold
+        (running + queued: retrying cannot help), 503 when the scheduler is gone or the queue is full."""
+        count = len(prep.msgs)  # a request's sequences; its warm-up prefills (n > 1) end in one step
         if self.dead is not None:
             raise RequestError(f"the server cannot serve requests: {self.dead}", 503)
+        if self.max_outstanding is not None and count > self.max_outstanding:
+            raise RequestError(f"the request is {count} sequences (prompts x n), more than this server holds at "
+                               f"once ({self.max_outstanding}: --max-running-requests + --max-queued-requests)",
+                               400)
         if self.max_outstanding is not None and len(self.states) + count > self.max_outstanding:
             raise RequestError(f"The request queue is full ({len(self.states)} requests outstanding, "
                                f"--max-queued-requests {self.args.max_queued_requests}); retry later", 503)

@@ -203,4 +203,10 @@ def test_queue_limit_answers_503(endless_server):
         t.join(30)
     assert all(r.json()["meta_info"]["finish_reason"]["type"] == "abort" for r in results)
     _ok(http)
+    # More sequences than running + queued can ever hold: a 400 (no Retry-After), even when idle.
+    never = http.post("/generate", json={"text": "Lily", "sampling_params": {**greedy(2), "n": 5}})
+    assert never.status_code == 400 and "retry-after" not in never.headers
+    assert "more than this server holds at once (4" in never.json()["error"]["message"]
+    four = http.post("/generate", json={"text": "Lily", "sampling_params": {**greedy(2), "n": 4}})
+    assert four.status_code == 200 and len(four.json()) == 4, four.text
     http.close()
