@@ -198,9 +198,13 @@ def json_response(obj: Any, status: int = 200) -> Response:
 
 class ApiKeyMiddleware:
     """Pure ASGI middleware (BaseHTTPMiddleware would break streaming disconnect detection):
-    requires ``Authorization: Bearer <key>`` on every HTTP route and method but ``/health``, before
-    routing (so unknown paths and methods answer 401 too); the scheme in any case (RFC 7235 2.1:
-    ``bearer`` is ``Bearer``), the key compared in constant time."""
+    requires ``Authorization: Bearer <key>`` on every HTTP route and method but the probes' and the
+    scrapers' paths (``/health*``, ``/metrics*``: SGLang's ``add_api_key_middleware`` exempts the same,
+    so Kubernetes probes and Prometheus need no secret), before routing (so unknown paths and methods
+    answer 401 too); the scheme in any case (RFC 7235 2.1: ``bearer`` is ``Bearer``), the key compared
+    in constant time."""
+
+    OPEN_PREFIXES = ("/health", "/metrics")
 
     def __init__(self, app: Any, api_key: str):
         self.app = app
@@ -211,7 +215,7 @@ class ApiKeyMiddleware:
         return scheme.lower() == b"bearer" and hmac.compare_digest(key.lstrip(b" "), self.expected)
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope["path"] != "/health":
+        if scope["type"] == "http" and not scope["path"].startswith(self.OPEN_PREFIXES):
             if not self.authorized(dict(scope.get("headers") or []).get(b"authorization", b"")):
                 message = "invalid or missing API key (Authorization: Bearer KEY)"
                 body = (openai_error_body(message, 401, code="invalid_api_key") if scope["path"].startswith("/v1/")

@@ -60,7 +60,7 @@ class ServerArgs:
         "first; 0: none, store is then false")})
     host: str = field(default="127.0.0.1", metadata={"help": "HTTP bind address"})
     port: int = field(default=30000, metadata={"help": "HTTP port"})
-    api_key: Optional[str] = field(default=None, metadata={"help": "require 'Authorization: Bearer KEY' on every route but /health"})
+    api_key: Optional[str] = field(default=None, metadata={"help": "require 'Authorization: Bearer KEY' on every route but /health* and /metrics (as SGLang)"})
     device: str = field(default="auto", metadata={"help": "auto|cpu|cuda"})
     dtype: str = field(default="auto", metadata={"help": "auto|float32|bfloat16|float16; auto on CPU: bfloat16 "
                                                           "with AMX-BF16 or AVX512-BF16 units, else float32"})

@@ -3,7 +3,7 @@
 - ``--api-key``: every route of ``/openapi.json`` plus the routes outside the schema (``/openapi.json``,
   ``/docs``, ``/redoc``, ...), with every HTTP method, answers 401 without the key, with a wrong key and
   with the key not sent as ``Bearer`` (OpenAI's error shape under ``/v1/``, the native one elsewhere);
-  with the key it is never 401, the scheme in any case (RFC 7235). ``GET /health`` needs no key.
+  with the key it is never 401, the scheme in any case (RFC 7235). ``/health*`` and ``/metrics`` need no key (as SGLang's).
 - Prompts and outputs stay out of the server log by default (a request with a unique marker, on
   every generation route, streaming or not, and in rejected requests); ``--log-requests`` logs them.
 - The server binds 127.0.0.1 unless ``--host`` says otherwise: the listening socket of a server
@@ -77,7 +77,7 @@ def test_every_route_and_method_needs_the_key(keyed):
     with httpx.Client(base_url=keyed.url, timeout=30) as http:
         for path in routes:
             for method in ALL_METHODS:
-                if path == "/health":
+                if path.startswith(("/health", "/metrics")):  # open, as SGLang's (test below)
                     continue
                 for headers in BAD_AUTH.values():
                     resp = http.request(method, path, headers=headers, json={} if method in ("POST", "PUT") else None)
@@ -86,7 +86,8 @@ def test_every_route_and_method_needs_the_key(keyed):
                     else:
                         _assert_401(resp, path, method)
                     checked += 1
-    assert checked >= len(routes) * len(ALL_METHODS) * len(BAD_AUTH) - len(ALL_METHODS) * len(BAD_AUTH)
+    closed = [p for p in routes if not p.startswith(("/health", "/metrics"))]
+    assert len(closed) >= len(routes) - 3 and checked == len(closed) * len(ALL_METHODS) * len(BAD_AUTH)
 
 
 def test_with_the_key_no_route_is_401(keyed):
@@ -110,9 +111,15 @@ def test_the_scheme_is_case_insensitive(keyed):
         _assert_401(http.get("/v1/models", headers={"Authorization": f"Bearer{KEY}"}), "/v1/models", "GET")
 
 
-def test_health_needs_no_key(keyed):
-    assert httpx.get(keyed.url + "/health", timeout=10).status_code == 200
-    assert httpx.get(keyed.url + "/health", headers=BAD_AUTH["wrong"], timeout=10).status_code == 200
+def test_probes_and_metrics_need_no_key(keyed):
+    """SGLang's API-key middleware lets ``/health*`` and ``/metrics*`` through: probes and scrapers
+    carry no secret."""
+    for path in ("/health", "/health_generate", "/metrics"):
+        for headers in ({}, BAD_AUTH["wrong"]):
+            resp = httpx.get(keyed.url + path, headers=headers, timeout=60)
+            assert resp.status_code == 200, (path, resp.status_code, resp.text[:200])
+    assert "radixlm:num_requests_total" in httpx.get(keyed.url + "/metrics", timeout=10).text
+    assert httpx.get(keyed.url + "/get_model_info", timeout=10).status_code == 401
 
 
 def test_key_is_never_echoed(keyed):
