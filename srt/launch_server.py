@@ -121,8 +121,12 @@ def launch_server(args: ServerArgs) -> int:
         # Children first: their imports and model load then overlap this process's config and
         # tokenizer load instead of waiting for it (a start is mostly CPU-bound imports).
         children = _start_children(args, resolved, paths)
-        model_config = ModelConfig.from_path(resolved, dtype=args.model_dtype(), context_length=args.context_length,
-                                             device=args.device, cache_dir=args.cache_dir)
+        try:
+            model_config = ModelConfig.from_path(resolved, dtype=args.model_dtype(),
+                                                 context_length=args.context_length, device=args.device,
+                                                 cache_dir=args.cache_dir)
+        except ValueError as exc:  # an option the model refuses (e.g. --context-length): one line, no traceback
+            return startup_failed(str(exc))
         tokenizer = load_tokenizer(resolved, args.tokenizer_path, cache_dir=args.cache_dir)
         _import_serving_modules(args)
         if args.nnodes > 1:

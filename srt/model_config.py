@@ -10,6 +10,7 @@ the attention backends size themselves with.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +18,8 @@ from typing import Any
 import torch
 
 from radixlm.srt.model_loader import ModelLoadError, load_tokenizer, resolve_model_path
+
+logger = logging.getLogger(__name__)
 
 _DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -127,16 +130,37 @@ def _pick_dtype(dtype: str, hf_config: Any, device: str, cpu: Any = None) -> tor
     return _DTYPES.get(str(declared).replace("torch.", ""), torch.float32)
 
 
+# SGLang's switch (and ours) for a context_length beyond what the model was trained for.
+ALLOW_LONGER_CONTEXT_ENV = ("RADIXLM_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN", "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN")
+
+
 def _context_len(text_config: Any, override: int | None, folder: str) -> int:
-    if override is not None:
-        if int(override) <= 0:
-            raise ValueError(f"context_length must be positive, got {override}")
-        return int(override)
+    """The model's context (``max_position_embeddings`` or a synonym), or ``override``.
+
+    An override beyond the model's own context is refused, as SGLang refuses it (positions past it
+    produce garbage, silently), unless ``RADIXLM_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN`` (or SGLang's
+    ``SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN``) is true, which logs a warning instead.
+    """
+    derived = None
     for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
         value = getattr(text_config, key, None)
         if isinstance(value, int) and value > 0:
-            return value
-    raise ModelLoadError(f"{folder}: config.json gives no max_position_embeddings; pass context_length")
+            derived = value
+            break
+    if override is None:
+        if derived is None:
+            raise ModelLoadError(f"{folder}: config.json gives no max_position_embeddings; pass context_length")
+        return derived
+    if int(override) <= 0:
+        raise ValueError(f"context_length must be positive, got {override}")
+    if derived is not None and int(override) > derived:
+        if not any(os.environ.get(name, "").lower() in ("1", "true", "yes") for name in ALLOW_LONGER_CONTEXT_ENV):
+            raise ValueError(f"context_length {override} is longer than the model's own context ({derived} tokens, "
+                             f"max_position_embeddings): outputs past it are garbage. Set "
+                             f"{ALLOW_LONGER_CONTEXT_ENV[0]}=1 to allow it anyway")
+        logger.warning("context_length %d is longer than the model's own context (%d tokens); allowed by %s",
+                       override, derived, ALLOW_LONGER_CONTEXT_ENV[0])
+    return int(override)
 
 
 def _as_ids(value: Any) -> list[int]:

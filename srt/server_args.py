@@ -64,7 +64,7 @@ class ServerArgs:
     device: str = field(default="auto", metadata={"help": "auto|cpu|cuda"})
     dtype: str = field(default="auto", metadata={"help": "auto|float32|bfloat16|float16; auto on CPU: bfloat16 "
                                                           "with AMX-BF16 or AVX512-BF16 units, else float32"})
-    context_length: Optional[int] = field(default=None, metadata={"help": "override the model's context length"})
+    context_length: Optional[int] = field(default=None, metadata={"help": "override the model's context length (longer than the model's own needs RADIXLM_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1, as SGLang)"})
     tp_size: int = field(default=1, metadata={"help": "tensor-parallel ranks"})
     # Multi-node tensor parallelism (SGLang's flags; srt/multinode.py).
     nnodes: int = field(default=1, metadata={"help": (

@@ -96,8 +96,11 @@ class ServerProcess:
         if "--dtype" not in args:  # the fp32 oracle: tests compare with transformers and fp32 engines
             args = [*args, "--dtype", "float32"]
         fd, log_path = tempfile.mkstemp(prefix="radixlm-server-", suffix=".log")
+        # ENDLESS_ARGS and the large-prompt tests give stories260K (2,048 positions) a longer context
+        # on purpose: what they check is the server's bookkeeping, not the text.
+        env = {**os.environ, "RADIXLM_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1"} if "--context-length" in args else None
         with os.fdopen(fd, "wb") as log:
-            proc = subprocess.Popen([*command, *host_args, "--port", str(port), *args],
+            proc = subprocess.Popen([*command, *host_args, "--port", str(port), *args], env=env,
                                     stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         server = cls(proc, port, log_path, api_key)
         server._wait_healthy(timeout_s)

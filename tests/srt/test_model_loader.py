@@ -91,6 +91,24 @@ def test_model_config_dtype_and_context_overrides(tmp_path: Path):
         ModelConfig.from_path(str(STORIES_HF), context_length=0)
 
 
+def test_context_length_beyond_the_models_own_needs_sglangs_switch(monkeypatch, caplog):
+    """As SGLang: a --context-length past max_position_embeddings (2,048 here) is refused unless
+    the operator says so (an operator's report: 20,000 on SmolLM2 was taken silently and answered
+    garbage)."""
+    for name in ("RADIXLM_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN", "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"):
+        monkeypatch.delenv(name, raising=False)
+    assert ModelConfig.from_path(str(STORIES_HF), context_length=2048).context_len == 2048
+    with pytest.raises(ValueError, match=r"longer than the model's own context \(2048 tokens.*"
+                                         r"RADIXLM_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1"):
+        ModelConfig.from_path(str(STORIES_HF), context_length=2049)
+    for name in ("RADIXLM_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN", "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"):
+        with monkeypatch.context() as m:
+            m.setenv(name, "true")
+            with caplog.at_level("WARNING"):
+                assert ModelConfig.from_path(str(STORIES_HF), context_length=20000).context_len == 20000
+            assert "longer than the model's own context" in caplog.text
+
+
 def test_iter_weights_safetensors_and_bin_fallback(tmp_path: Path):
     weights = dict(iter_weights(str(STORIES_HF)))
     assert len(weights) == 48
