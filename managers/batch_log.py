@@ -47,6 +47,7 @@ class BatchLog:
         self.decode_steps = 0
         self.generated = 0  # tokens generated since the last decode line
         self.since = clock()
+        self.gen_throughput = 0.0  # tokens/s of the last decode line's window (SGLang's gen_throughput)
 
     def extend(self, new_seqs: int, new_tokens: int, cached_tokens: int, used_tokens: int, running: int,
                queued: int) -> None:
@@ -67,6 +68,7 @@ class BatchLog:
         now = self.clock()
         elapsed = now - self.since
         throughput = self.generated / elapsed if elapsed > 0 else 0.0
+        self.gen_throughput = throughput
         logger.info("Decode batch. #running-req: %d, #token: %d, token usage: %.2f, gen throughput (token/s): %.2f, "
                     "#queue-req: %d", running, used_tokens, used_tokens / self.total_tokens, throughput, queued)
         self.generated, self.since = 0, now

@@ -105,6 +105,8 @@ class InternalState(msgspec.Struct, tag=True, kw_only=True):
     context_len: int
     num_grammar_compiles: int = 0
     num_grammar_cache_hits: int = 0
+    gen_throughput: float = 0.0  # tokens/s over the last decode log window (--decode-log-interval steps)
+    new_token_ratio: float = 0.0  # the admission's estimate of how much of max_new_tokens requests use
     # Speculative decoding since start (0 while off): request-steps that verified a draft, drafted
     # tokens, drafted tokens accepted, output tokens of verify steps (accepted + bonus).
     num_spec_verify_steps: int = 0

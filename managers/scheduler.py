@@ -477,6 +477,7 @@ class Scheduler:
             page_size=self.args.page_size, context_len=self.context_len,
             num_grammar_compiles=self.grammar_cache.num_compiles if self.grammar_cache is not None else 0,
             num_grammar_cache_hits=self.grammar_cache.num_hits if self.grammar_cache is not None else 0,
+            gen_throughput=self.batch_log.gen_throughput, new_token_ratio=self.new_token_ratio,
             num_spec_verify_steps=spec["verify_steps"], num_spec_draft_tokens=spec["draft_tokens"],
             num_spec_accepted_drafts=spec["accepted_drafts"], num_spec_verify_tokens=spec["verify_tokens"],
             attention_backend=self.worker.model_runner.attn_backend.name,

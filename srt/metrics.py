@@ -14,7 +14,11 @@ Series (units in the names):
 - gauges, set from each scheduler's ``InternalState`` at scrape time: ``radixlm:cache_hit_rate`` (cached /
   prompt tokens since start), ``radixlm:num_running_reqs``, ``radixlm:num_queued_reqs``,
   ``radixlm:token_usage`` (fraction of the KV pool held by requests; evictable cached prefixes count as
-  free), ``radixlm:max_total_num_tokens``;
+  free), ``radixlm:max_total_num_tokens``, ``radixlm:gen_throughput`` (tokens/s over the last decode log
+  window), ``radixlm:new_token_ratio`` (the admission's estimate of the share of ``max_new_tokens``
+  requests use); counters advanced from the scheduler's totals at scrape time:
+  ``radixlm:num_retracted_reqs_total`` (requests retracted to free KV), ``radixlm:grammar_compiles_total``,
+  ``radixlm:grammar_cache_hits_total``;
 - hierarchical cache (``--enable-hierarchical-cache``; 0 without it), gauges from the same state:
   ``radixlm:cached_tokens_by_tier{tier="device|host|storage"}`` (prompt tokens served from each tier since
   start), ``radixlm:hicache_host_used_tokens``, ``radixlm:hicache_host_capacity_tokens``,
@@ -125,6 +129,11 @@ class _ReplicaFamilies:
         self.num_queued = gauge("num_queued_reqs", "Requests waiting in the scheduler queue")
         self.token_usage = gauge("token_usage", "Fraction of KV slots held by requests")
         self.max_total_tokens = gauge("max_total_num_tokens", "KV pool size in tokens")
+        self.gen_throughput = gauge("gen_throughput", "Generated tokens/s over the last decode log window")
+        self.new_token_ratio = gauge("new_token_ratio", "Admission's estimate of the share of max_new_tokens used")
+        self.retracted = counter("num_retracted_reqs", "Requests retracted (KV freed, requeued) since start")
+        self.grammar_compiles = counter("grammar_compiles", "Grammars compiled (cache misses)")
+        self.grammar_cache_hits = counter("grammar_cache_hits", "Grammar requests served from the compile cache")
         self.cached_by_tier = gauge("cached_tokens_by_tier", "Prompt tokens served from each KV tier since start",
                                     ("tier",))
         self.host_used = gauge("hicache_host_used_tokens", "Tokens held by the hierarchical cache's host pool")
@@ -152,6 +161,10 @@ class _ReplicaSeries:
         self.num_queued = f.num_queued.labels(**labels)
         self.token_usage = f.token_usage.labels(**labels)
         self.max_total_tokens = f.max_total_tokens.labels(**labels)
+        self.gen_throughput = f.gen_throughput.labels(**labels)
+        self.new_token_ratio = f.new_token_ratio.labels(**labels)
+        self.totals = tuple(c.labels(**labels) for c in (f.retracted, f.grammar_compiles, f.grammar_cache_hits))
+        self._totals_seen = (0, 0, 0)
         self.cached_by_tier = {t: f.cached_by_tier.labels(tier=t, **labels) for t in ("device", "host", "storage")}
         self.host_used = f.host_used.labels(**labels)
         self.host_capacity = f.host_capacity.labels(**labels)
@@ -177,6 +190,13 @@ class _ReplicaSeries:
         self.max_total_tokens.set(state.max_total_num_tokens)
         prompt = state.num_prompt_tokens
         self.cache_hit_rate.set(state.num_cached_tokens / prompt if prompt else 0.0)
+        self.gen_throughput.set(state.gen_throughput)
+        self.new_token_ratio.set(state.new_token_ratio)
+        now = (state.num_retractions, state.num_grammar_compiles, state.num_grammar_cache_hits)
+        for c, new, old in zip(self.totals, now, self._totals_seen):
+            if new > old:
+                c.inc(new - old)
+        self._totals_seen = tuple(max(n, o) for n, o in zip(now, self._totals_seen))
         h = state.hicache
         for tier, g in self.cached_by_tier.items():
             g.set(h.get(f"cached_tokens_{tier}", 0))

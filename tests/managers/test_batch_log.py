@@ -30,7 +30,9 @@ def test_lines_and_throughput_window(caplog):
         log.decode(5, 300, 0)  # step 1 of 2: no line
         clock.t += 1.0
         log.generated_tokens(5)
+        assert log.gen_throughput == 0.0
         log.decode(5, 306, 1)
+        assert log.gen_throughput == 6.5  # what /metrics' radixlm:gen_throughput shows until the next line
         clock.t += 0.5
         log.generated_tokens(4)
         log.decode(4, 309, 0)

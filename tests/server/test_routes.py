@@ -135,7 +135,8 @@ def test_metrics_count_tokens(http):
     assert sample(after, "radixlm:prompt_tokens_total") == prompt0 + body["meta_info"]["prompt_tokens"]
     for name in ("radixlm:cached_tokens_total", "radixlm:cache_hit_rate", "radixlm:num_running_reqs",
                  "radixlm:num_queued_reqs", "radixlm:token_usage", "radixlm:time_to_first_token_seconds_count",
-                 "radixlm:inter_token_latency_seconds_count"):
+                 "radixlm:inter_token_latency_seconds_count", "radixlm:gen_throughput", "radixlm:new_token_ratio",
+                 "radixlm:num_retracted_reqs_total", "radixlm:grammar_compiles_total"):
         sample(after, name)
 
 
