@@ -52,10 +52,10 @@ def validate_generate_input(input_ids: list[int], params: SamplingParams, vocab_
     context is an error too (the HTTP edge); otherwise it is clamped later."""
     n = len(input_ids)
     if n == 0:
-        raise InvalidRequestError("the input is empty: give a non-empty text or input_ids")
+        raise InvalidRequestError("the input is empty (no tokens): give a non-empty prompt", "input_ids")
     if n >= context_len:
         raise InvalidRequestError(f"The input ({n} tokens) is longer than the model's context length "
-                                  f"({context_len} tokens)")
+                                  f"({context_len} tokens)", "input_ids")
     for t in input_ids:
         if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab_size:
             raise InvalidRequestError(f"input token id {t!r} is outside the vocabulary [0, {vocab_size})",

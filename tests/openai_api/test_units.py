@@ -174,3 +174,17 @@ def test_unknown_routes(app_client):
     native = app_client.get("/nothing").json()["error"]  # native routes: the native shape
     assert native["code"] == 404 and native["type"] == "not_found_error" and "param" not in native
     assert app_client.get("/v1/models").json()["data"][0]["root"] == "/models/m"
+
+
+def test_an_empty_or_too_long_input_names_the_routes_own_field():
+    """The shared validation names ``input_ids``; each route reports its own field (an operator saw
+    ``param: null`` for ``"prompt": ""`` on a tokenizer that adds no BOS)."""
+    from radixlm.managers.validation import InvalidRequestError, validate_generate_input
+    from radixlm.srt.openai_api.common import CHAT_PARAM_NAMES, COMPLETION_PARAM_NAMES, error_body
+    from radixlm.srt.sampling_params import SamplingParams
+
+    for ids, fragment in (([], "the input is empty"), ([5] * 64, "longer than the model's context length")):
+        with pytest.raises(InvalidRequestError, match=fragment) as e:
+            validate_generate_input(ids, SamplingParams(), vocab_size=100, context_len=64)
+        assert error_body(e.value, COMPLETION_PARAM_NAMES)[1]["error"]["param"] == "prompt"
+        assert error_body(e.value, CHAT_PARAM_NAMES)[1]["error"]["param"] == "messages"
