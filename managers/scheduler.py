@@ -306,7 +306,12 @@ class Scheduler:
             return None
         args = self.args
         chunk = None if args.chunked_prefill_size == -1 else args.chunked_prefill_size
-        adder = PrefillAdder(self.kv, self.new_token_ratio, args.max_prefill_tokens, chunk)
+        # --enable-mixed-chunk: the running requests' decode tokens ride in this batch and take their
+        # share of its token budgets (SGLang's PrefillAdder(mixed_with_decode_tokens)).
+        mixing = self._may_mix()
+        decode_tokens = len(self.running) if mixing else 0
+        adder = PrefillAdder(self.kv, self.new_token_ratio, args.max_prefill_tokens - decode_tokens,
+                             None if chunk is None else max(chunk - decode_tokens, 1))
         adder.reserve_running(self.running)
         candidates = ([self.chunked_req] if self.chunked_req else []) + order_waiting(self.waiting, args.schedule_policy, self.kv)
         self._extend_hits = 0
@@ -340,7 +345,22 @@ class Scheduler:
         admitted = set(map(id, adder.admitted))
         self.waiting = [r for r in self.waiting if id(r) not in admitted]
         self.chunked_req = adder.new_chunked_req
-        return adder.admitted, self._build_extend(adder.admitted)
+        reqs = adder.admitted + (self._mix_running() if mixing else [])
+        return reqs, self._build_extend(reqs)
+
+    def _may_mix(self) -> bool:
+        return self.args.enable_mixed_chunk and self.spec is None and bool(self.running)
+
+    def _mix_running(self) -> list[Req]:
+        """The running requests with a KV slot each for their decode token (an extend of one: the
+        kernels compute it bitwise as in a decode batch), or none when the pool is short of slots;
+        they then wait for a decode step, which retracts as usual."""
+        reqs = [r for r in self.running if r.to_abort is None]
+        if self.kv.alloc_decode(reqs) is None:
+            return []
+        for r in reqs:
+            r.extend_len = 1
+        return reqs
 
     def _build_extend(self, reqs: list[Req]) -> ModelWorkerBatch:
         input_ids: list[int] = []
@@ -415,14 +435,14 @@ class Scheduler:
             self.kv.release(r, insert=True)
         done = set(map(id, finished))
         if mode is ForwardMode.EXTEND:
+            decoding = set(map(id, self.running))  # mixed in by --enable-mixed-chunk: already running
             for r in reqs:
-                if id(r) in done:
+                if id(r) in done or id(r) in decoding:
                     continue
                 self.kv.cache_unfinished(r)
                 if r is not self.chunked_req:
                     self.running.append(r)
-        else:
-            self.running = [r for r in self.running if id(r) not in done]
+        self.running = [r for r in self.running if id(r) not in done]
         self._emit([r for r in reqs if id(r) in done or (r.stream and self._stream_due(r))])
 
     def _stream_due(self, r: Req) -> bool:

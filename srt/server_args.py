@@ -101,6 +101,10 @@ class ServerArgs:
     max_queued_requests: Optional[int] = field(default=None, metadata={"help": "answer 503 beyond this many waiting requests"})
     chunked_prefill_size: int = field(default=512, metadata={"help": "max tokens of one request per extend step; -1 disables chunking"})
     max_prefill_tokens: int = field(default=4096, metadata={"help": "token budget of one extend batch"})
+    enable_mixed_chunk: bool = field(default=False, metadata={"help": (
+        "mix prefill and decode in a batch (SGLang's flag): the running requests take their decode step "
+        "inside each extend batch, so a long prompt's chunks no longer pause every stream (their tokens "
+        "count against --chunked-prefill-size and --max-prefill-tokens); not with --speculative-algorithm")})
     schedule_policy: str = field(default="lpm", metadata={"help": (
         "lpm: the waiting request with the longest cached prefix first (ties in arrival order; a long "
         "queue falls back to arrival order), so requests that share a prompt run together | fcfs: "
@@ -239,6 +243,9 @@ class ServerArgs:
                 raise ServerArgsError(f"--{changed[0].replace('_', '-')} needs --speculative-algorithm NGRAM")
         if self.speculative_num_draft_tokens < 2:
             raise ServerArgsError(f"--speculative-num-draft-tokens must be >= 2, got {self.speculative_num_draft_tokens}")
+        if self.enable_mixed_chunk and self.speculative_algorithm is not None:
+            raise ServerArgsError("--enable-mixed-chunk does not combine with --speculative-algorithm (its decode "
+                                  "steps are verify steps of several tokens)")
         lo, hi = self.speculative_ngram_min_match_window_size, self.speculative_ngram_max_match_window_size
         if not 1 <= lo <= hi:
             raise ServerArgsError("--speculative-ngram-min-match-window-size must be >= 1 and <= "

@@ -57,6 +57,10 @@ VARIANTS = {
     "attn_torch_native": {"attention_backend": "torch_native"},
     "elementwise_torch_native": {"elementwise_backend": "torch_native"},  # auto on CPU: fused C++ ops
     "attn_torch_native_page16_chunk8": {"attention_backend": "torch_native", "page_size": 16, "chunked_prefill_size": 8},
+    # --enable-mixed-chunk: requests admitted in earlier extend batches decode inside later ones.
+    "mixed_chunk8": {"enable_mixed_chunk": True, "chunked_prefill_size": 8, "max_prefill_tokens": 24},
+    "mixed_page16_chunk24": {"enable_mixed_chunk": True, "page_size": 16, "chunked_prefill_size": 24,
+                             "max_prefill_tokens": 40},
     # n-gram speculative decoding: the second pass drafts whole continuations from the radix tree.
     "ngram": {"speculative_algorithm": "NGRAM"},
     "ngram_page16_chunk8": {"speculative_algorithm": "NGRAM", "page_size": 16, "chunked_prefill_size": 8},
@@ -94,13 +98,14 @@ def test_one_at_a_time_equals_hf(stories_path, prompts_ids, expected, page_size)
     assert_clean(engine)
 
 
-@pytest.mark.parametrize("page_size,chunk,spec,pool", [(1, 16, None, 320), (4, -1, None, 320), (16, 32, None, 320),
-                                                      (1, 16, "NGRAM", 200), (16, 32, "NGRAM", 200)])
-def test_retraction_keeps_tokens_exact(stories_path, prompts_ids, expected, page_size, chunk, spec, pool):
+@pytest.mark.parametrize("page_size,chunk,spec,pool,mixed", [
+    (1, 16, None, 320, False), (4, -1, None, 320, False), (16, 32, None, 320, False), (1, 16, "NGRAM", 200, False),
+    (16, 32, "NGRAM", 200, False), (1, 16, None, 320, True), (16, 32, None, 320, True)])
+def test_retraction_keeps_tokens_exact(stories_path, prompts_ids, expected, page_size, chunk, spec, pool, mixed):
     # 18 prompts of 2..40 tokens + 24 new tokens each need ~800 slots; 320 forces retraction (200
     # with speculation, whose requests finish in fewer steps and hold their pages for less long).
     engine = Engine(stories_path, dtype="float32", max_total_tokens=pool, page_size=page_size, chunked_prefill_size=chunk,
-                    speculative_algorithm=spec)
+                    speculative_algorithm=spec, enable_mixed_chunk=mixed, max_prefill_tokens=64 if mixed else 4096)
     outs = engine.generate(input_ids=prompts_ids, sampling_params=SP)
     assert [o["output_ids"] for o in outs] == expected
     state = engine.scheduler.internal_state()
