@@ -127,11 +127,13 @@ class Runtime:
         return endpoint.request({"text": prompt, "sampling_params": sampling_params or {}, **fields})
 
     def shutdown(self) -> None:
-        """Stop the server (idempotent): SIGTERM, then SIGKILL for its whole process group."""
+        """Stop the server now (idempotent): SIGTERM twice (the first alone would let open requests
+        finish first), then SIGKILL for its whole process group."""
         if self.endpoint is not None:
             self.endpoint.shutdown()
         proc = self.process
         if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
             proc.send_signal(signal.SIGTERM)
             try:
                 proc.wait(STOP_TIMEOUT_S)

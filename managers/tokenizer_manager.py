@@ -136,6 +136,7 @@ class TokenizerManager:
         self.prompt_tokenizer = PromptTokenizer(tokenizer, context_len)
         self.states: dict[str, ReqState] = {}
         self.dead: Optional[str] = None  # why the scheduler can no longer be reached
+        self.draining = False  # SIGTERM received: open requests finish, new ones get 503 (graceful_shutdown)
         q = server_args.max_queued_requests
         self.max_outstanding = None if q is None else server_args.max_running_requests + q
         self._tasks: list[asyncio.Task] = []
@@ -353,6 +354,9 @@ class TokenizerManager:
         count = len(prep.msgs)  # a request's sequences; its warm-up prefills (n > 1) end in one step
         if self.dead is not None:
             raise RequestError(f"the server cannot serve requests: {self.dead}", 503)
+        if self.draining:
+            raise RequestError("the server is shutting down: it finishes its open requests and takes no new ones",
+                               503)
         if self.max_outstanding is not None and count > self.max_outstanding:
             raise RequestError(f"the request is {count} sequences (prompts x n), more than this server holds at "
                                f"once ({self.max_outstanding}: --max-running-requests + --max-queued-requests)",
@@ -427,6 +431,9 @@ class TokenizerManager:
         Raises RequestError(503) on timeout."""
         if self.dead is not None:
             raise RequestError(f"the server cannot serve requests: {self.dead}", 503)
+        if self.draining:
+            raise RequestError("the server is shutting down: it finishes its open requests and takes no new ones",
+                               503)
         futures = self.dp.control(msg, reply_type)
         try:
             # shield: on timeout the futures stay queued, so late replies are still matched to them.

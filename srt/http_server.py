@@ -305,6 +305,8 @@ def create_app(tm: TokenizerManager, server_args: Any, model_info: dict, metrics
     async def health() -> Response:
         if tm.dead is not None:
             return json_response(native_error_body(tm.dead, 503), 503)
+        if tm.draining:  # shutting down: probes and load balancers should send traffic elsewhere
+            return json_response(native_error_body("the server is shutting down", 503), 503)
         return Response(status_code=200)
 
     @read_route(app, "/health_generate")

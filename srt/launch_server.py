@@ -6,8 +6,9 @@ scheduler processes (multiprocessing *spawn*), wait until both report ready, the
 in use, missing or corrupt model, unwritable cache, a child's setup error) is one stderr line
 ``radixlm: error: <reason>`` and exit status 1. A watchdog polls the children: if one
 dies, its error goes to the log, waiting requests fail with 503 and the server exits with status 1.
-SIGTERM / Ctrl-C stop uvicorn (open streams get ``_GRACEFUL_SHUTDOWN_S``), then the children
-(SIGTERM, SIGKILL after ``_CHILD_STOP_S``), and remove the IPC directory; exit status 0.
+SIGTERM / Ctrl-C drain the open requests (new ones get 503; ``srt/graceful_shutdown.py``; a second
+signal or ``--shutdown-timeout`` cuts it short), then stop uvicorn, then the children (SIGTERM,
+SIGKILL after ``_CHILD_STOP_S``), and remove the IPC directory; exit status 0.
 """
 
 from __future__ import annotations
@@ -266,9 +267,12 @@ async def _serve(args: ServerArgs, children: list[_Child], tokenizer: Any, model
     app = create_app(tm, args, model_info, metrics, __version__)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_config=None, log_level=args.log_level,
                             access_log=args.log_level == "debug", timeout_graceful_shutdown=_GRACEFUL_SHUTDOWN_S)
-    server = uvicorn.Server(config)
+    from radixlm.srt.graceful_shutdown import Drain, DrainingServer
+
+    server = DrainingServer(config, stopping)
     exit_code = [0]
-    watchdog = asyncio.create_task(_watchdog(children, server, tm, exit_code, stopping))
+    drain = Drain(server, tm, args.shutdown_timeout)
+    watchdog = asyncio.create_task(_watchdog(children, server, tm, exit_code, stopping, drain))
     try:
         logger.info("radixlm server listening on http://%s:%d", args.host, args.port)
         await server.serve()
@@ -291,14 +295,15 @@ def _event_loop_factory() -> Any:
     return uvloop.new_event_loop
 
 
-async def _watchdog(children: list[_Child], server: Any, tm: Any, exit_code: list[int], stopping: list[int]) -> None:
-    """If a child dies: log its error, fail waiting requests, stop the server with status 1. Also
-    stops the server for a signal that arrived before uvicorn installed its own handlers, and once
-    shutdown begins ends open requests at once (503), so open streams do not hold it up."""
+async def _watchdog(children: list[_Child], server: Any, tm: Any, exit_code: list[int], stopping: list[int],
+                    drain: Any) -> None:
+    """If a child dies: log its error, fail waiting requests, stop the server with status 1. Drives
+    the drain after SIGTERM / SIGINT (``drain``; a signal before uvicorn installed its handlers
+    counts too), and once the server is stopping ends what is still open at once (503), so open
+    streams do not hold it up."""
     while True:
         await asyncio.sleep(_WATCHDOG_S)
-        if stopping:
-            server.should_exit = True
+        drain.poll(len(stopping), time.monotonic())
         if server.should_exit:
             if tm.dead is None:
                 tm.fail_all("the server is shutting down")

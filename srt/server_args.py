@@ -101,6 +101,9 @@ class ServerArgs:
     max_queued_requests: Optional[int] = field(default=None, metadata={"help": "answer 503 beyond this many waiting requests"})
     chunked_prefill_size: int = field(default=512, metadata={"help": "max tokens of one request per extend step; -1 disables chunking"})
     max_prefill_tokens: int = field(default=4096, metadata={"help": "token budget of one extend batch"})
+    shutdown_timeout: Optional[float] = field(default=None, metadata={"help": (
+        "seconds SIGTERM / Ctrl-C waits for open requests to finish (new ones get 503) before stopping; "
+        "default: until they have (a second signal stops at once); 0: stop at once")})
     enable_mixed_chunk: bool = field(default=False, metadata={"help": (
         "mix prefill and decode in a batch (SGLang's flag): the running requests take their decode step "
         "inside each extend batch, so a long prompt's chunks no longer pause every stream (their tokens "
@@ -243,6 +246,8 @@ class ServerArgs:
                 raise ServerArgsError(f"--{changed[0].replace('_', '-')} needs --speculative-algorithm NGRAM")
         if self.speculative_num_draft_tokens < 2:
             raise ServerArgsError(f"--speculative-num-draft-tokens must be >= 2, got {self.speculative_num_draft_tokens}")
+        if self.shutdown_timeout is not None and not self.shutdown_timeout >= 0:
+            raise ServerArgsError(f"--shutdown-timeout must be >= 0 seconds, got {self.shutdown_timeout}")
         if self.enable_mixed_chunk and self.speculative_algorithm is not None:
             raise ServerArgsError("--enable-mixed-chunk does not combine with --speculative-algorithm (its decode "
                                   "steps are verify steps of several tokens)")

@@ -11,6 +11,7 @@ class OverloadedTokenizerManager:
 
     context_len = 2048
     dead = None
+    draining = False
 
     def __init__(self, tokenizer):
         from radixlm.managers.prompt_tokenizer import PromptTokenizer

@@ -2,7 +2,8 @@
 
 ``ServerProcess.start(args)`` runs ``python -m radixlm.srt.launch_server --host 127.0.0.1 --port <free>
 ARGS`` (or any command line that takes ``--port``), waits for ``GET /health`` and keeps the log in a
-temp file. ``stop()`` sends SIGTERM and asserts a clean exit (status 0, within ``STOP_TIMEOUT_S``)
+temp file. ``stop()`` sends SIGTERM (a second one after ``DRAIN_WAIT_S`` if requests are still
+open: the first only drains them) and asserts a clean exit (status 0, within ``STOP_TIMEOUT_S``)
 with no descendant process left alive.
 """
 
@@ -24,6 +25,7 @@ from radixlm.srt.health_wait import wait_healthy
 
 START_TIMEOUT_S = 240.0
 STOP_TIMEOUT_S = 15.0
+DRAIN_WAIT_S = 5.0
 # Small KV pool: faster start, and still room for the abort tests' 16 long requests.
 BASE_ARGS = ["--max-total-tokens", "40000", "--log-level", "info"]
 # Requests that no CPU finishes while a test waits, for tests that need one still running (issue: a
@@ -144,7 +146,11 @@ class ServerProcess:
         """SIGTERM; assert a clean exit and that no child process outlives the server."""
         self.known_children |= set(descendants(self.proc.pid))
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
+            self.proc.send_signal(signal.SIGTERM)  # drains what is open (test requests that never end)...
+            try:
+                self.proc.wait(DRAIN_WAIT_S)
+            except subprocess.TimeoutExpired:
+                self.proc.send_signal(signal.SIGTERM)  # ...so the second stops it
         rc = self.wait_exit(timeout_s)
         # multiprocessing's resource tracker exits on its own once the launcher is gone (it reads
         # EOF); give it a moment.

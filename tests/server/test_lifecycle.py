@@ -12,7 +12,7 @@ import time
 import httpx
 import pytest
 
-from .helpers import BASE_ARGS, ENDLESS_ARGS, ServerProcess, descendants, endless, free_port, pid_alive
+from .helpers import BASE_ARGS, ENDLESS_ARGS, ServerProcess, descendants, endless, free_port, greedy, pid_alive
 
 
 def _stream_in_background(server: ServerProcess) -> threading.Event:
@@ -34,11 +34,26 @@ def _stream_in_background(server: ServerProcess) -> threading.Event:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_signal_stops_everything_quickly_with_a_stream_open(launch, stories_path, sig):
+def test_first_signal_drains_the_second_stops_everything_quickly(launch, stories_path, sig):
+    """As SGLang: the first signal lets open requests finish (new ones, and /health, get 503); a
+    second one (Ctrl-C twice) stops at once."""
     server = launch(["--model-path", stories_path, *BASE_ARGS, *ENDLESS_ARGS])
     children = descendants(server.proc.pid)
     assert len(children) >= 2  # scheduler + detokenizer (+ multiprocessing's resource tracker)
     assert _stream_in_background(server).wait(60)
+    server.proc.send_signal(sig)
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        deadline = time.monotonic() + 10
+        while http.get("/health").status_code == 200:  # the watchdog notices within 0.5 s
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        health = http.get("/health")
+        assert health.status_code == 503 and "shutting down" in health.json()["error"]["message"]
+        refused = http.post("/generate", json={"text": "Lily", "sampling_params": {"max_new_tokens": 2}})
+        assert refused.status_code == 503 and "shutting down" in refused.json()["error"]["message"]
+        assert refused.headers["retry-after"] == "1"
+    time.sleep(1.0)
+    assert server.proc.poll() is None, "the open stream holds the shutdown"
     start = time.monotonic()
     server.proc.send_signal(sig)
     assert server.wait_exit(15) == 0, server.log()[-3000:]
@@ -47,6 +62,39 @@ def test_signal_stops_everything_quickly_with_a_stream_open(launch, stories_path
     while any(pid_alive(p) for p in children) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not [p for p in children if pid_alive(p)]
+
+
+def test_sigterm_lets_an_open_request_finish_then_exits(launch, stories_path):
+    """A rolling deploy's SIGTERM: the request in flight gets its whole answer, then the server exits 0."""
+    server = launch(["--model-path", stories_path, *BASE_ARGS])
+    with server.client(timeout=60) as http:
+        expected = http.post("/generate", json={"text": "Lily", "sampling_params": greedy(1500)}).json()
+    result: dict = {}
+
+    def run() -> None:
+        with server.client(timeout=120) as c:
+            result["resp"] = c.post("/generate", json={"text": "Lily", "sampling_params": greedy(1500)})
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    time.sleep(0.3)
+    server.proc.send_signal(signal.SIGTERM)
+    worker.join(120)
+    resp = result["resp"]
+    assert resp.status_code == 200 and resp.json()["output_ids"] == expected["output_ids"], resp.text[:300]
+    assert resp.json()["meta_info"]["finish_reason"]["type"] == "length"
+    assert server.wait_exit(15) == 0, server.log()[-3000:]
+    assert "waiting for 1 open request(s) to finish" in server.log()
+
+
+def test_shutdown_timeout_bounds_the_drain(launch, stories_path):
+    server = launch(["--model-path", stories_path, *BASE_ARGS, *ENDLESS_ARGS, "--shutdown-timeout", "1"])
+    assert _stream_in_background(server).wait(60)
+    start = time.monotonic()
+    server.proc.send_signal(signal.SIGTERM)
+    assert server.wait_exit(15) == 0, server.log()[-3000:]
+    assert 1.0 <= time.monotonic() - start < 8.0
+    assert "stopping with 1 request(s) still open (--shutdown-timeout)" in server.log()
 
 
 def test_killed_scheduler_makes_the_server_exit_nonzero(launch, stories_path):
