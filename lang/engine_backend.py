@@ -2,12 +2,13 @@
 
 The srt engine is imported and built on construction (torch is loaded then, not at
 ``import radixlm.lang``). It is driven synchronously and is not thread-safe, so calls are
-serialized with a lock: forks and ``run_batch`` work but do not overlap on this backend. Streaming
-yields the whole completion as one chunk.
+serialized with a lock: forks and ``run_batch`` work but do not overlap on this backend. A streamed
+gen streams step by step (the srt engine's ``generate(stream=True)``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from typing import Any, Iterator, Optional, Union
 
@@ -52,7 +53,17 @@ class Engine(Backend):
             raise BackendError(str(exc), 400) from exc
 
     def request_stream(self, body: dict[str, Any]) -> Iterator[dict]:
-        yield self.request(body)  # type: ignore[misc]
+        from radixlm.managers.validation import InvalidRequestError
+
+        kwargs = {k: body[k] for k in _ENGINE_ARGS if body.get(k) is not None}
+        with self._lock:
+            try:
+                events = self.engine.generate(prompt=body.get("text"), input_ids=body.get("input_ids"),
+                                              sampling_params=body.get("sampling_params"), stream=True, **kwargs)
+            except InvalidRequestError as exc:
+                raise BackendError(str(exc), 400) from exc
+            with contextlib.closing(events):  # an abandoned stream aborts its request
+                yield from events
 
     def get_model_info(self) -> dict[str, Any]:
         args = self.engine.server_args

@@ -12,7 +12,7 @@ import itertools
 import threading
 import time
 import uuid
-from typing import Any, Optional, Union
+from typing import Any, Iterator, Optional, Union
 
 from radixlm.managers.detokenizer_manager import DetokenizerManager
 from radixlm.managers.io_struct import BatchStrOut, BatchTokenOut, TokenizedGenerateReq
@@ -72,28 +72,67 @@ class Engine:
     # ---- public API ------------------------------------------------------------------------
     def generate(self, prompt: Prompt = None, sampling_params: Union[dict, list[dict], None] = None,
                  input_ids: InputIds = None, return_logprob: bool = False, logprob_start_len: int = -1,
-                 top_logprobs_num: int = 0, rid: Union[str, list[str], None] = None) -> Union[dict, list[dict]]:
+                 top_logprobs_num: int = 0, rid: Union[str, list[str], None] = None,
+                 stream: bool = False) -> Union[dict, list[dict], Iterator[dict]]:
         """Generate for one prompt (returns a dict) or a batch (returns a list, in input order).
 
         ``n > 1`` in ``sampling_params`` samples each prompt ``n`` times (as ``/generate`` does): a list,
         prompt-major; with a ``sampling_seed``, copy ``j`` samples with ``sampling_seed + j``. Safe to call
         from several threads (the calls take turns; pass a list to batch prompts).
 
+        ``stream=True`` (one prompt, n = 1; SGLang's ``Engine.generate(..., stream=True)``) returns an
+        iterator of the same dicts as they grow, cumulative as a streamed ``/generate``'s events: one per
+        step that added output, the last with ``meta_info["finish_reason"]``. Other calls wait while it
+        is open; closing it early (``break``, ``close()``) aborts the request and frees its KV.
+
         Raises:
             InvalidRequestError: bad input (empty, too long, ids outside the vocabulary, bad
                 sampling values, an explicit ``max_new_tokens`` beyond the context left after the
-                prompt, as ``/generate``'s 400; rids repeated within the call); nothing is queued then.
+                prompt, as ``/generate``'s 400; rids repeated within the call; a batch or ``n > 1``
+                with ``stream``); nothing is queued then.
             RuntimeError: after ``shutdown()``.
         An exception while the call runs (Ctrl-C, a timeout's) aborts the call's requests and frees
         their KV before it propagates.
         """
         with self._lock:
-            return self._generate(prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
-                                  top_logprobs_num, rid)
+            msgs, batch, samples = self._prepare(prompt, sampling_params, input_ids, return_logprob,
+                                                 logprob_start_len, top_logprobs_num, rid, stream)
+            if not stream:
+                results = self._run(msgs)
+                out = [results[m.rid] for m in msgs]
+                return out if batch or samples > 1 else out[0]
+        if batch or samples > 1:
+            raise InvalidRequestError("stream=True takes one prompt and n = 1 (pass a string or one list of ids)")
+        return self._stream(msgs[0])
 
-    def _generate(self, prompt: Prompt, sampling_params: Union[dict, list[dict], None], input_ids: InputIds,
-                  return_logprob: bool, logprob_start_len: int, top_logprobs_num: int,
-                  rid: Union[str, list[str], None]) -> Union[dict, list[dict]]:
+    def _stream(self, msg: TokenizedGenerateReq) -> Iterator[dict]:
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the engine is shut down: create a new radixlm.Engine")
+            acc = ResponseAccumulator(msg.rid, msg.return_logprob, self.tokenizer)
+            start = time.monotonic()
+            self.scheduler.add_request(msg)
+            try:
+                while not acc.finished:
+                    before = (len(acc.output_ids), len(acc.text))
+                    progressed = self.scheduler.step()
+                    self._drain({msg.rid: acc}, start)
+                    if acc.finished or (len(acc.output_ids), len(acc.text)) != before:
+                        yield acc.result()
+                    elif not progressed:
+                        raise RuntimeError("scheduler went idle with an unfinished request")
+            except BaseException:  # closed early (GeneratorExit), Ctrl-C: end the request, free its KV
+                if not acc.finished:
+                    self.scheduler.abort(msg.rid, exact=True, message="the stream was closed")
+                    self.scheduler.step()
+                    self._outbox.clear()
+                raise
+
+    def _prepare(self, prompt: Prompt, sampling_params: Union[dict, list[dict], None], input_ids: InputIds,
+                 return_logprob: bool, logprob_start_len: int, top_logprobs_num: int,
+                 rid: Union[str, list[str], None], stream: bool = False
+                 ) -> tuple[list[TokenizedGenerateReq], bool, int]:
+        """Validate a call and build its requests: ``(msgs, batch, samples per prompt)``."""
         if self._closed:
             raise RuntimeError("the engine is shut down: create a new radixlm.Engine")
         batch, prompts_ids = self._normalize(prompt, input_ids)
@@ -116,14 +155,13 @@ class Engine:
             copies = ([(params, r)] if samples == 1
                       else [(p, f"{r}_{j}") for j, p in enumerate(sample_copies(params, samples))])
             msgs.extend(TokenizedGenerateReq(rid=cr, input_ids=ids, sampling_params=cp, return_logprob=return_logprob,
-                                             logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num)
+                                             logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num,
+                                             stream=stream)
                         for cp, cr in copies)
         if len({m.rid for m in msgs}) < len(msgs):
             raise InvalidRequestError("rids must be unique within one call (with n > 1 each gets _<j> appended)",
                                       "rid")
-        results = self._run(msgs)
-        out = [results[m.rid] for m in msgs]
-        return out if batch or samples > 1 else out[0]
+        return msgs, batch, samples
 
     def flush_cache(self) -> bool:
         """Empty the radix tree (and the hierarchical cache's host tier); False while requests run."""

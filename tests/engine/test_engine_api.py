@@ -281,3 +281,33 @@ def test_generate_from_several_threads(engine):
         t.join(120)
     assert not errors, errors
     assert [got[i] for i in range(4)] == want  # the autouse check then flushes a consistent pool
+
+
+def test_stream_yields_the_growing_result_and_ends_as_the_plain_call(engine):
+    """SGLang's ``Engine.generate(..., stream=True)``: cumulative dicts, one per step that added output."""
+    params = {"temperature": 0, "max_new_tokens": 12, "stop": " was"}
+    plain = engine.generate("Once upon a time", params, return_logprob=True)
+    events = list(engine.generate("Once upon a time", params, return_logprob=True, stream=True))
+    assert len(events) >= 2 and all(e["meta_info"]["finish_reason"] is None for e in events[:-1])
+    ids = [e["output_ids"] for e in events]
+    assert all(b[:len(a)] == a and len(b) >= len(a) for a, b in zip(ids, ids[1:]))
+    texts = [e["text"] for e in events]
+    assert all(b.startswith(a) for a, b in zip(texts, texts[1:]))  # a stop string's prefix is held back
+    last = events[-1]
+    assert (last["text"], last["output_ids"]) == (plain["text"], plain["output_ids"])
+    assert last["meta_info"]["finish_reason"] == plain["meta_info"]["finish_reason"]
+    assert last["meta_info"]["output_token_logprobs"] == plain["meta_info"]["output_token_logprobs"]
+    with pytest.raises(InvalidRequestError, match="one prompt and n = 1"):
+        engine.generate(["a", "b"], GREEDY, stream=True)
+    with pytest.raises(InvalidRequestError, match="empty"):  # validated at the call, not at the first next()
+        engine.generate(input_ids=[], sampling_params=GREEDY, stream=True)
+
+
+def test_closing_a_stream_early_aborts_its_request(engine):
+    stream = engine.generate("Lily", {"max_new_tokens": 500, "ignore_eos": True}, stream=True)
+    first = next(stream)
+    assert first["meta_info"]["finish_reason"] is None
+    stream.close()
+    state = engine.get_server_info()["internal_state"]
+    assert state["num_running_reqs"] == 0 and state["num_waiting_reqs"] == 0
+    assert engine.generate("Lily", GREEDY)["meta_info"]["completion_tokens"] == 8  # the lock was released

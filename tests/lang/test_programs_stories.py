@@ -204,3 +204,15 @@ def test_in_process_engine_matches_the_server(stories, stories_path):
     assert engine.generate(prompt="Once upon a time", sampling_params={"max_new_tokens": 0})["meta_info"]["prompt_tokens"] == 5
     info = rl.get_server_info(engine)  # was {}: the in-process backend had no get_server_info
     assert info["max_total_num_tokens"] > 0 and info["internal_state"]["num_running_reqs"] == 0
+
+
+def test_in_process_engine_streams_step_by_step(stories_path):
+    engine = rl.Engine(stories_path, dtype="float32", max_total_tokens=4000)
+
+    @rl.function
+    def story(s):
+        s += "Once upon a time" + rl.gen("x", max_tokens=16, temperature=0)
+
+    chunks = list(story.run(backend=engine, stream=True).text_iter("x"))
+    assert len(chunks) > 3 and "".join(chunks) == story.run(backend=engine)["x"]
+    engine.shutdown()
