@@ -12,7 +12,8 @@ custom schema) with one built from FastAPI's paths plus the declarations in ``OP
   SGLang's ``/generate`` dict), ``text/event-stream`` for streams, ``text/plain`` for ``/metrics`` and
   ``/flush_cache``, no body for ``/health`` and every ``HEAD`` (``get_and_head``); errors as ``NativeError``
   or ``OpenAIError`` (``radixlm.srt.errors``), 503 with its ``Retry-After`` header;
-- with ``--api-key``: a bearer security scheme on every operation but ``GET`` / ``HEAD /health``, and 401s.
+- with ``--api-key``: a bearer security scheme on every operation but the probes' and scrapers' (``/health``,
+  ``/health_generate``, ``/metrics``: ``ApiKeyMiddleware.OPEN_PREFIXES``), and 401s.
 
 JSON Schema cannot state every rule (a regex must compile, prompt + ``max_new_tokens`` must fit the
 context, only one grammar per request), so a schema-valid body can still get a 400. A route missing
@@ -80,9 +81,15 @@ _CLEAR_STORAGE = Operation("Delete the hierarchical cache's storage files (400 w
                            ok={TEXT: {"type": "string"}}, errors=(400, 503))
 _COMPLETION_ERRORS = (400, 413, 503)
 
+def _open(path: str) -> bool:
+    """Paths ``--api-key`` leaves open (probes and scrapers; ``http_server.ApiKeyMiddleware``)."""
+    return path.startswith(("/health", "/metrics"))
+
+
 OPERATIONS: dict[str, dict[str, Operation]] = {
     "/generate": {"post": _GENERATE, "put": _GENERATE},
-    "/health": get_and_head(Operation("200 while the scheduler is alive (never needs the API key)", errors=(503,))),
+    "/health": get_and_head(Operation("200 while the scheduler is alive and the server is not shutting down "
+                                      "(never needs the API key)", errors=(503,))),
     "/health_generate": get_and_head(Operation("200 once a one-token request finished on every replica",
                                                errors=(503,))),
     "/get_model_info": get_and_head(_MODEL_INFO),
@@ -244,12 +251,12 @@ def build_openapi(app: FastAPI, context_len: int, vocab_size: Optional[int], api
             except KeyError:
                 raise KeyError(f"{method.upper()} {path} has no declaration in radixlm.srt.openapi_spec.OPERATIONS") from None
             declared: dict[str, Any] = {"summary": op.summary, "operationId": f"{method}_{path.strip('/')}".replace("/", "_"),
-                                        "responses": _responses(op, api_key and path != "/health")}
+                                        "responses": _responses(op, api_key and not _open(path))}
             if generated.get("parameters"):
                 declared["parameters"] = generated["parameters"]
             if op.body is not None:
                 declared["requestBody"] = {"required": True, "content": {JSON: {"schema": _ref(op.body)}}}
-            if api_key and path == "/health":
+            if api_key and _open(path):
                 declared["security"] = []
             methods[method] = declared
     if api_key:

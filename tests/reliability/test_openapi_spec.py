@@ -81,13 +81,15 @@ def test_component_schemas_are_valid_json_schema(spec):
     assert spec["openapi"].startswith("3.1")
 
 
-def test_api_key_is_a_bearer_scheme_on_all_but_health(tok):
+def test_api_key_is_a_bearer_scheme_on_all_but_probes_and_metrics(tok):
     spec = _app(tok, api_key="k").openapi()
     assert spec["components"]["securitySchemes"] == {"HTTPBearer": {"type": "http", "scheme": "bearer"}}
     assert spec["security"] == [{"HTTPBearer": []}]
+    open_paths = {"/health", "/health_generate", "/metrics"}  # as SGLang's middleware
+    assert open_paths <= set(spec["paths"])
     for path, methods in spec["paths"].items():
         for method, op in methods.items():
-            if path == "/health":
+            if path in open_paths:
                 assert op["security"] == [] and "401" not in op["responses"]
             else:
                 assert "security" not in op and "401" in op["responses"], (method, path)
