@@ -308,9 +308,11 @@ class Scheduler:
         chunk = None if args.chunked_prefill_size == -1 else args.chunked_prefill_size
         # --enable-mixed-chunk: the running requests' decode tokens ride in this batch and take their
         # share of its token budgets (SGLang's PrefillAdder(mixed_with_decode_tokens)).
+        # At least one token is left to the extend, so a batch of more running requests than the budget
+        # still lets the waiting ones in (a token at a time at worst) instead of starving them.
         mixing = self._may_mix()
         decode_tokens = len(self.running) if mixing else 0
-        adder = PrefillAdder(self.kv, self.new_token_ratio, args.max_prefill_tokens - decode_tokens,
+        adder = PrefillAdder(self.kv, self.new_token_ratio, max(args.max_prefill_tokens - decode_tokens, 1),
                              None if chunk is None else max(chunk - decode_tokens, 1))
         adder.reserve_running(self.running)
         candidates = ([self.chunked_req] if self.chunked_req else []) + order_waiting(self.waiting, args.schedule_policy, self.kv)

@@ -62,3 +62,31 @@ def test_the_flag_refuses_speculative_decoding():
 
     with pytest.raises(ServerArgsError, match="--enable-mixed-chunk does not combine"):
         ServerArgs(model_path="m", enable_mixed_chunk=True, speculative_algorithm="NGRAM").validate()
+
+
+def test_more_running_requests_than_the_prefill_budget_do_not_starve_the_queue(stories_path):
+    """8 running requests, a prefill budget of 8 tokens: the waiting prompt is still admitted while
+    they decode (a token a step at worst), and every output equals its solo run."""
+    engine = Engine(stories_path, dtype="float32", max_total_tokens=2048, chunked_prefill_size=8,
+                    max_prefill_tokens=8, enable_mixed_chunk=True)
+    sched = engine.scheduler
+    done: dict[str, list[int]] = {}
+    sched.send_output = lambda out: [done.setdefault(rid, []).extend(out.output_ids[i])
+                                     for i, rid in enumerate(out.rids)]
+    shorts = {f"s{i}": [3 + i, 40 + i] for i in range(8)}
+    for rid, ids in shorts.items():
+        sched.add_request(_msg(rid, ids, 30))
+    while len(sched.running) < 8:
+        sched.step()
+    sched.add_request(_msg("long", LONG[:12], 4))
+    for _ in range(12):
+        sched.step()
+    assert not sched.waiting and min(len(r.output_ids) for r in sched.running if r.rid != "long") < 30
+    while sched.step():
+        pass
+    sched.send_output = engine._outbox.append
+    for rid, ids, n in [*((rid, ids, 30) for rid, ids in shorts.items()), ("long", LONG[:12], 4)]:
+        solo = engine.generate(input_ids=ids, sampling_params={"temperature": 0, "ignore_eos": True,
+                                                               "max_new_tokens": n})
+        assert done[rid] == solo["output_ids"], rid
+    assert_clean(engine)
