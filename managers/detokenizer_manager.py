@@ -338,7 +338,8 @@ def run_detokenizer_process(
             ``"ready"`` once the sockets are up; ``"error: <one-line reason>"`` if setting up fails
             (``startup_error``), ``"error: <traceback>"`` if it crashes after ready.
 
-    Exits with status 0 on SIGTERM/SIGINT or when its parent dies, 1 on any error (logged).
+    Exits with status 0 on SIGTERM (SIGINT, the terminal's Ctrl-C, is the launcher's) or when its parent
+    dies, 1 on any error (logged).
     """
     import zmq
 
@@ -347,8 +348,10 @@ def run_detokenizer_process(
 
     set_process_title("detokenizer")
     stopping: list[int] = []
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda signum, frame: stopping.append(signum))
+    # Ctrl-C reaches the whole process group; the launcher handles it (it drains open requests, then
+    # stops us with SIGTERM).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, lambda signum, frame: stopping.append(signum))
     parent_pid = os.getppid()
     ctx = zmq.Context()
     sockets: list[Any] = []

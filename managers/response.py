@@ -77,12 +77,13 @@ class ResponseAccumulator:
             self.meta["finish_reason"] = self.finish_reason.to_json()
 
     def result(self) -> dict:
+        """The response so far; its lists are copies (a streamed engine's earlier events keep their length)."""
         meta = dict(self.meta)
         if self.return_logprob:
-            meta["output_token_logprobs"] = self.output_token_logprobs
-            meta["input_token_logprobs"] = self.input_token_logprobs
+            meta["output_token_logprobs"] = list(self.output_token_logprobs)
+            meta["input_token_logprobs"] = list(self.input_token_logprobs)
             if self.output_top_logprobs:
-                meta["output_top_logprobs"] = self.output_top_logprobs
+                meta["output_top_logprobs"] = list(self.output_top_logprobs)
             if self.input_top_logprobs:
-                meta["input_top_logprobs"] = self.input_top_logprobs
+                meta["input_top_logprobs"] = list(self.input_top_logprobs)
         return {"text": self.text, "output_ids": list(self.output_ids), "meta_info": meta}

@@ -53,7 +53,7 @@ def run_scheduler_process(server_args: "ServerArgs", paths: Optional["IpcPaths"]
             ``"error: <one-line reason>"`` if setting up fails (``startup_error``), or
             ``"error: <traceback>"`` if the process crashes after ready.
 
-    Exits 0 on SIGTERM/SIGINT, when the parent dies, or (ranks > 0) when rank 0 stops or its
+    Exits 0 on SIGTERM (SIGINT, the terminal's Ctrl-C, is the launcher's to handle), when the parent dies, or (ranks > 0) when rank 0 stops or its
     connection closes; 1 on any error, logged (through ``os._exit``, skipping interpreter teardown).
     """
     import zmq
@@ -66,14 +66,11 @@ def run_scheduler_process(server_args: "ServerArgs", paths: Optional["IpcPaths"]
     set_process_title(scheduler_title(multiprocessing.current_process().name, tp_rank))
     if tune_malloc():
         logger.debug("glibc malloc: mmap threshold %d, trim threshold %d", MMAP_THRESHOLD, TRIM_THRESHOLD)
+    # Ctrl-C reaches the whole process group: it is the launcher's to handle (it drains the open
+    # requests, then stops us with SIGTERM), so SIGINT is ignored here, on every rank. SIGTERM keeps
+    # its default (end at once) while the model loads: a stop during startup must not wait for it.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     stopping: list[int] = []
-    if tp_rank == 0:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda signum, frame: stopping.append(signum))
-    else:
-        # Other ranks may be blocked in a broadcast from rank 0 and hold nothing to clean up:
-        # let SIGTERM end them at once; Ctrl-C is the launcher's to handle.
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
     parent_pid = os.getppid()
     ctx = zmq.Context()
     sockets: list[Any] = []
@@ -83,6 +80,8 @@ def run_scheduler_process(server_args: "ServerArgs", paths: Optional["IpcPaths"]
         report_startup_failure(logger, "scheduler" if tp_rank == 0 else f"scheduler-tp{tp_rank}", exc, ready_pipe)
         _close(sockets, ctx)
         _exit_now(1)
+    if tp_rank == 0:  # from here on SIGTERM ends the loop cleanly (ranks > 0 hold nothing to clean up)
+        signal.signal(signal.SIGTERM, lambda signum, frame: stopping.append(signum))
     try:
         if ready_pipe is not None:
             ready_pipe.send("ready")

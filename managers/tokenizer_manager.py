@@ -428,12 +428,9 @@ class TokenizerManager:
 
     async def _control(self, msg: Message, reply_type: type) -> list[Message]:
         """Send a control message to every replica and await their replies (FIFO per replica).
-        Raises RequestError(503) on timeout."""
+        Raises RequestError(503) on timeout. Answered while draining too (metrics watch the drain)."""
         if self.dead is not None:
             raise RequestError(f"the server cannot serve requests: {self.dead}", 503)
-        if self.draining:
-            raise RequestError("the server is shutting down: it finishes its open requests and takes no new ones",
-                               503)
         futures = self.dp.control(msg, reply_type)
         try:
             # shield: on timeout the futures stay queued, so late replies are still matched to them.

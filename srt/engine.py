@@ -68,6 +68,7 @@ class Engine:
         # they interleaved scheduler steps and corrupted the KV bookkeeping).
         self._lock = threading.RLock()
         self._closed = False
+        self._stream_thread: Optional[int] = None  # the thread whose open stream holds the lock
 
     # ---- public API ------------------------------------------------------------------------
     def generate(self, prompt: Prompt = None, sampling_params: Union[dict, list[dict], None] = None,
@@ -83,18 +84,20 @@ class Engine:
         ``stream=True`` (one prompt, n = 1; SGLang's ``Engine.generate(..., stream=True)``) returns an
         iterator of the same dicts as they grow, cumulative as a streamed ``/generate``'s events: one per
         step that added output, the last with ``meta_info["finish_reason"]``. Other calls wait while it
-        is open; closing it early (``break``, ``close()``) aborts the request and frees its KV.
+        is open (in the same thread, another call while it is open raises RuntimeError); closing it early
+        (``break``, ``close()``) aborts the request and frees its KV.
 
         Raises:
             InvalidRequestError: bad input (empty, too long, ids outside the vocabulary, bad
                 sampling values, an explicit ``max_new_tokens`` beyond the context left after the
                 prompt, as ``/generate``'s 400; rids repeated within the call; a batch or ``n > 1``
                 with ``stream``); nothing is queued then.
-            RuntimeError: after ``shutdown()``.
+            RuntimeError: after ``shutdown()``; a call from a thread whose stream is still open.
         An exception while the call runs (Ctrl-C, a timeout's) aborts the call's requests and frees
         their KV before it propagates.
         """
         with self._lock:
+            self._refuse_inside_a_stream()
             msgs, batch, samples = self._prepare(prompt, sampling_params, input_ids, return_logprob,
                                                  logprob_start_len, top_logprobs_num, rid, stream)
             if not stream:
@@ -105,13 +108,22 @@ class Engine:
             raise InvalidRequestError("stream=True takes one prompt and n = 1 (pass a string or one list of ids)")
         return self._stream(msgs[0])
 
+    def _refuse_inside_a_stream(self) -> None:
+        """Other threads wait for an open stream (the lock); this thread would run the scheduler under it
+        and take its outputs, so it is an error."""
+        if self._stream_thread == threading.get_ident():
+            raise RuntimeError("a stream of this engine is still open in this thread: consume or close() it "
+                               "before the next call (other threads wait for it)")
+
     def _stream(self, msg: TokenizedGenerateReq) -> Iterator[dict]:
         with self._lock:
+            self._refuse_inside_a_stream()
             if self._closed:
                 raise RuntimeError("the engine is shut down: create a new radixlm.Engine")
             acc = ResponseAccumulator(msg.rid, msg.return_logprob, self.tokenizer)
             start = time.monotonic()
             self.scheduler.add_request(msg)
+            self._stream_thread = threading.get_ident()
             try:
                 while not acc.finished:
                     before = (len(acc.output_ids), len(acc.text))
@@ -127,6 +139,8 @@ class Engine:
                     self.scheduler.step()
                     self._outbox.clear()
                 raise
+            finally:
+                self._stream_thread = None
 
     def _prepare(self, prompt: Prompt, sampling_params: Union[dict, list[dict], None], input_ids: InputIds,
                  return_logprob: bool, logprob_start_len: int, top_logprobs_num: int,

@@ -311,6 +311,8 @@ def create_app(tm: TokenizerManager, server_args: Any, model_info: dict, metrics
 
     @read_route(app, "/health_generate")
     async def health_generate() -> Response:
+        if tm.draining:
+            return json_response(native_error_body("the server is shutting down", 503), 503)
         if await tm.health_generate():
             return Response(status_code=200)
         return json_response(native_error_body("health check generation did not finish in time", 503), 503)

@@ -143,6 +143,10 @@ def launch_server(args: ServerArgs) -> int:
     except Exception as exc:
         from radixlm.srt.model_loader import ModelLoadError
 
+        if stopping:  # _Stop raised inside an import or a loader that wrapped it into its own error
+            logger.info("stopped by signal during startup")
+            return 0
+
         if isinstance(exc, ModelLoadError):  # a missing or corrupt model, an unwritable cache
             return startup_failed(str(exc))
         logger.exception("server failed to start")

@@ -311,3 +311,21 @@ def test_closing_a_stream_early_aborts_its_request(engine):
     state = engine.get_server_info()["internal_state"]
     assert state["num_running_reqs"] == 0 and state["num_waiting_reqs"] == 0
     assert engine.generate("Lily", GREEDY)["meta_info"]["completion_tokens"] == 8  # the lock was released
+
+
+def test_a_stream_refuses_calls_from_its_own_thread_and_copies_its_events(engine):
+    """A call from the thread holding an open stream would step the shared scheduler and take the
+    stream's outputs (its text came back with holes): it is an error; the stream goes on intact.
+    Each event's logprob lists are its own (they were one list, as long as the last event's)."""
+    params = {"temperature": 0, "max_new_tokens": 6}
+    plain = engine.generate("Once upon a time", params, return_logprob=True)
+    stream = engine.generate("Once upon a time", params, return_logprob=True, stream=True)
+    first = next(stream)
+    with pytest.raises(RuntimeError, match="still open in this thread"):
+        engine.generate("Lily", GREEDY)
+    with pytest.raises(RuntimeError, match="still open in this thread"):
+        engine.generate("Lily", GREEDY, stream=True)
+    events = [first, *stream]
+    assert events[-1]["output_ids"] == plain["output_ids"]
+    assert [len(e["meta_info"]["output_token_logprobs"]) for e in events] == [len(e["output_ids"]) for e in events]
+    assert engine.generate("Lily", GREEDY)["meta_info"]["completion_tokens"] == 8
