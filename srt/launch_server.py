@@ -121,6 +121,11 @@ def launch_server(args: ServerArgs) -> int:
         logger.info("IPC sockets in %s", paths.root)
         # Children first: their imports and model load then overlap this process's config and
         # tokenizer load instead of waiting for it (a start is mostly CPU-bound imports).
+        from radixlm.srt.model_config import context_length_problem
+
+        problem = context_length_problem(resolved, args.context_length)
+        if problem is not None:  # before any process starts: fail in a second
+            return startup_failed(problem)
         children = _start_children(args, resolved, paths)
         try:
             model_config = ModelConfig.from_path(resolved, dtype=args.model_dtype(),

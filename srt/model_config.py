@@ -13,7 +13,7 @@ import json
 import logging
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -141,12 +141,7 @@ def _context_len(text_config: Any, override: int | None, folder: str) -> int:
     produce garbage, silently), unless ``RADIXLM_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN`` (or SGLang's
     ``SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN``) is true, which logs a warning instead.
     """
-    derived = None
-    for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
-        value = getattr(text_config, key, None)
-        if isinstance(value, int) and value > 0:
-            derived = value
-            break
+    derived = _declared_context(lambda key: getattr(text_config, key, None))
     if override is None:
         if derived is None:
             raise ModelLoadError(f"{folder}: config.json gives no max_position_embeddings; pass context_length")
@@ -154,13 +149,47 @@ def _context_len(text_config: Any, override: int | None, folder: str) -> int:
     if int(override) <= 0:
         raise ValueError(f"context_length must be positive, got {override}")
     if derived is not None and int(override) > derived:
-        if not any(os.environ.get(name, "").lower() in ("1", "true", "yes") for name in ALLOW_LONGER_CONTEXT_ENV):
-            raise ValueError(f"context_length {override} is longer than the model's own context ({derived} tokens, "
-                             f"max_position_embeddings): outputs past it are garbage. Set "
-                             f"{ALLOW_LONGER_CONTEXT_ENV[0]}=1 to allow it anyway")
+        refusal = _longer_context_refusal(int(override), derived)
+        if refusal is not None:
+            raise ValueError(refusal)
         logger.warning("context_length %d is longer than the model's own context (%d tokens); allowed by %s",
                        override, derived, ALLOW_LONGER_CONTEXT_ENV[0])
     return int(override)
+
+
+def _declared_context(get: Any) -> Optional[int]:
+    """The first positive int among the config's context-length keys (``get(key)`` reads one)."""
+    for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        value = get(key)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def _longer_context_refusal(override: int, derived: int) -> Optional[str]:
+    """Why ``override`` (> ``derived``) is refused, or None when the environment allows it."""
+    if any(os.environ.get(name, "").lower() in ("1", "true", "yes") for name in ALLOW_LONGER_CONTEXT_ENV):
+        return None
+    return (f"context_length {override} is longer than the model's own context ({derived} tokens, "
+            f"max_position_embeddings): outputs past it are garbage. Set {ALLOW_LONGER_CONTEXT_ENV[0]}=1 "
+            f"to allow it anyway")
+
+
+def context_length_problem(folder: str, override: Optional[int]) -> Optional[str]:
+    """The refusal ``ModelConfig.from_path`` would raise for ``context_length=override``, read from the
+    folder's config.json alone (no transformers import: the launcher checks before starting any
+    process); None when it is fine or cannot be told from the JSON (then from_path decides)."""
+    path = os.path.join(folder, "config.json")
+    if override is None or int(override) <= 0 or not os.path.isfile(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, ValueError):
+        return None
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    derived = _declared_context(text.get)
+    return _longer_context_refusal(int(override), derived) if derived is not None and override > derived else None
 
 
 def _as_ids(value: Any) -> list[int]:

@@ -95,9 +95,10 @@ def _hf_copy(src: str, dst: Path) -> Path:
 def test_context_length_beyond_the_models_is_refused_in_one_line(stories_path):
     """As SGLang: --context-length past max_position_embeddings needs the operator's explicit switch."""
     env = {"RADIXLM_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "", "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": ""}
-    _assert_one_line_error(_serve("--model-path", stories_path, "--context-length", "5000", env=env),
-                           "context_length 5000 is longer than the model's own context (2048 tokens",
+    proc = _serve("--model-path", stories_path, "--context-length", "5000", env=env)
+    _assert_one_line_error(proc, "context_length 5000 is longer than the model's own context (2048 tokens",
                            "RADIXLM_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1")
+    assert "started scheduler process" not in proc.stderr  # refused before any process starts
 
 
 def test_model_path_that_does_not_exist(tmp_path):
