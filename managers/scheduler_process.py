@@ -53,8 +53,8 @@ def run_scheduler_process(server_args: "ServerArgs", paths: Optional["IpcPaths"]
             ``"error: <one-line reason>"`` if setting up fails (``startup_error``), or
             ``"error: <traceback>"`` if the process crashes after ready.
 
-    Exits 0 on SIGTERM (SIGINT, the terminal's Ctrl-C, is the launcher's to handle), when the parent dies, or (ranks > 0) when rank 0 stops or its
-    connection closes; 1 on any error, logged (through ``os._exit``, skipping interpreter teardown).
+    Exits 0 on SIGTERM (SIGINT, the terminal's Ctrl-C, is the launcher's to handle), when the parent
+    dies, or (ranks > 0) when rank 0 stops or its connection closes; 1 on any error, logged (through ``os._exit``, skipping interpreter teardown).
     """
     import zmq
 

@@ -8,6 +8,7 @@ driven synchronously; no sockets.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
 import time
@@ -120,25 +121,16 @@ class Engine:
             self._refuse_inside_a_stream()
             if self._closed:
                 raise RuntimeError("the engine is shut down: create a new radixlm.Engine")
-            acc = ResponseAccumulator(msg.rid, msg.return_logprob, self.tokenizer)
-            start = time.monotonic()
-            self.scheduler.add_request(msg)
             self._stream_thread = threading.get_ident()
             try:
-                while not acc.finished:
-                    before = (len(acc.output_ids), len(acc.text))
-                    progressed = self.scheduler.step()
-                    self._drain({msg.rid: acc}, start)
-                    if acc.finished or (len(acc.output_ids), len(acc.text)) != before:
-                        yield acc.result()
-                    elif not progressed:
-                        raise RuntimeError("scheduler went idle with an unfinished request")
-            except BaseException:  # closed early (GeneratorExit), Ctrl-C: end the request, free its KV
-                if not acc.finished:
-                    self.scheduler.abort(msg.rid, exact=True, message="the stream was closed")
-                    self.scheduler.step()
-                    self._outbox.clear()
-                raise
+                seen = (0, 0)
+                with contextlib.closing(self._steps([msg], "the stream was closed")) as steps:
+                    for accs in steps:
+                        acc = accs[msg.rid]
+                        now = (len(acc.output_ids), len(acc.text))
+                        if acc.finished or now != seen:
+                            seen = now
+                            yield acc.result()
             finally:
                 self._stream_thread = None
 
@@ -208,25 +200,33 @@ class Engine:
 
     # ---- internals -------------------------------------------------------------------------
     def _run(self, msgs: list[TokenizedGenerateReq]) -> dict[str, dict]:
-        acc = {m.rid: ResponseAccumulator(m.rid, m.return_logprob, self.tokenizer) for m in msgs}
+        accs: dict[str, ResponseAccumulator] = {}
+        for accs in self._steps(msgs, "the generate call was interrupted"):
+            pass
+        return {rid: a.result() for rid, a in accs.items()}
+
+    def _steps(self, msgs: list[TokenizedGenerateReq], stop_message: str) -> Iterator[dict[str, ResponseAccumulator]]:
+        """Queue ``msgs`` and step the scheduler until they all finish, yielding their accumulators
+        (by rid) after every step. An exception, or closing the iterator early (Ctrl-C, a timeout, a
+        stream's consumer leaving), aborts the unfinished ones with ``stop_message`` and frees their KV."""
+        accs = {m.rid: ResponseAccumulator(m.rid, m.return_logprob, self.tokenizer) for m in msgs}
         start = time.monotonic()
         for m in msgs:
             self.scheduler.add_request(m)
         try:
-            while not all(a.finished for a in acc.values()):
+            while not all(a.finished for a in accs.values()):
                 progressed = self.scheduler.step()
-                self._drain(acc, start)
-                if not progressed and not all(a.finished for a in acc.values()):
+                self._drain(accs, start)
+                yield accs
+                if not progressed and not all(a.finished for a in accs.values()):
                     raise RuntimeError("scheduler went idle with unfinished requests")
-        except BaseException:  # interrupted (Ctrl-C, a timeout): end this call's requests, free their KV
-            for rid, a in acc.items():
+        except BaseException:
+            for rid, a in accs.items():
                 if not a.finished:
-                    self.scheduler.abort(rid, exact=True, message="the generate call was interrupted")
+                    self.scheduler.abort(rid, exact=True, message=stop_message)
             self.scheduler.step()  # reaps the aborted running requests (nothing else is queued)
             self._outbox.clear()
             raise
-        self._drain(acc, start)
-        return {rid: a.result() for rid, a in acc.items()}
 
     def _drain(self, acc: dict[str, ResponseAccumulator], start: float) -> None:
         while self._outbox:

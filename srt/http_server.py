@@ -43,7 +43,7 @@ from radixlm.managers.validation import InvalidRequestError
 from radixlm.srt.errors import native_error_body
 from radixlm.srt.json_body import parse_json_body
 from radixlm.srt.openai_api.common import validation_message
-from radixlm.srt.openapi_spec import install_openapi
+from radixlm.srt.openapi_spec import OPEN_PATH_PREFIXES, install_openapi
 from radixlm.srt.openai_api.protocol import openai_error_body
 from radixlm.srt.openai_api.router import create_openai_router
 from radixlm.srt.read_routes import read_route
@@ -204,7 +204,7 @@ class ApiKeyMiddleware:
     answer 401 too); the scheme in any case (RFC 7235 2.1: ``bearer`` is ``Bearer``), the key compared
     in constant time."""
 
-    OPEN_PREFIXES = ("/health", "/metrics")
+    OPEN_PREFIXES = OPEN_PATH_PREFIXES
 
     def __init__(self, app: Any, api_key: str):
         self.app = app

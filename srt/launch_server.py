@@ -119,20 +119,16 @@ def launch_server(args: ServerArgs) -> int:
         resolved = resolve_model_path(args.model_path, cache_dir=args.cache_dir)
         paths = IpcPaths.in_new_tempdir()
         logger.info("IPC sockets in %s", paths.root)
-        # Children first: their imports and model load then overlap this process's config and
-        # tokenizer load instead of waiting for it (a start is mostly CPU-bound imports).
         from radixlm.srt.model_config import context_length_problem
 
         problem = context_length_problem(resolved, args.context_length)
         if problem is not None:  # before any process starts: fail in a second
             return startup_failed(problem)
+        # Children first: their imports and model load then overlap this process's config and
+        # tokenizer load instead of waiting for it (a start is mostly CPU-bound imports).
         children = _start_children(args, resolved, paths)
-        try:
-            model_config = ModelConfig.from_path(resolved, dtype=args.model_dtype(),
-                                                 context_length=args.context_length, device=args.device,
-                                                 cache_dir=args.cache_dir)
-        except ValueError as exc:  # an option the model refuses (e.g. --context-length): one line, no traceback
-            return startup_failed(str(exc))
+        model_config = ModelConfig.from_path(resolved, dtype=args.model_dtype(), context_length=args.context_length,
+                                             device=args.device, cache_dir=args.cache_dir)
         tokenizer = load_tokenizer(resolved, args.tokenizer_path, cache_dir=args.cache_dir)
         _import_serving_modules(args)
         if args.nnodes > 1:

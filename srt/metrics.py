@@ -192,11 +192,8 @@ class _ReplicaSeries:
         self.cache_hit_rate.set(state.num_cached_tokens / prompt if prompt else 0.0)
         self.gen_throughput.set(state.gen_throughput)
         self.new_token_ratio.set(state.new_token_ratio)
-        now = (state.num_retractions, state.num_grammar_compiles, state.num_grammar_cache_hits)
-        for c, new, old in zip(self.totals, now, self._totals_seen):
-            if new > old:
-                c.inc(new - old)
-        self._totals_seen = tuple(max(n, o) for n, o in zip(now, self._totals_seen))
+        self._totals_seen = _advance(self.totals, (state.num_retractions, state.num_grammar_compiles,
+                                                   state.num_grammar_cache_hits), self._totals_seen)
         h = state.hicache
         for tier, g in self.cached_by_tier.items():
             g.set(h.get(f"cached_tokens_{tier}", 0))
@@ -215,10 +212,16 @@ class _ReplicaSeries:
     def _set_spec(self, state: InternalState) -> None:
         now = (state.num_spec_verify_steps, state.num_spec_draft_tokens, state.num_spec_accepted_drafts,
                state.num_spec_verify_tokens)
-        for c, new, old in zip(self.spec_counters, now, self._spec_seen):
-            if new > old:
-                c.inc(new - old)
-        self._spec_seen = tuple(max(a, b) for a, b in zip(now, self._spec_seen))  # type: ignore[assignment]
+        self._spec_seen = _advance(self.spec_counters, now, self._spec_seen)  # type: ignore[assignment]
         steps, drafted, accepted, emitted = now
         self.spec_accept_length.set(emitted / steps if steps else 0.0)
         self.spec_accept_rate.set(accepted / drafted if drafted else 0.0)
+
+
+def _advance(counters: Sequence[Any], totals: Sequence[int], seen: Sequence[int]) -> tuple[int, ...]:
+    """Advance Prometheus counters to a scheduler's running totals (which only grow); returns the
+    totals seen so far, for the next scrape."""
+    for counter, total, before in zip(counters, totals, seen):
+        if total > before:
+            counter.inc(total - before)
+    return tuple(max(t, b) for t, b in zip(totals, seen))

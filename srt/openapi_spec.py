@@ -13,7 +13,7 @@ custom schema) with one built from FastAPI's paths plus the declarations in ``OP
   ``/flush_cache``, no body for ``/health`` and every ``HEAD`` (``get_and_head``); errors as ``NativeError``
   or ``OpenAIError`` (``radixlm.srt.errors``), 503 with its ``Retry-After`` header;
 - with ``--api-key``: a bearer security scheme on every operation but the probes' and scrapers' (``/health``,
-  ``/health_generate``, ``/metrics``: ``ApiKeyMiddleware.OPEN_PREFIXES``), and 401s.
+  ``/health_generate``, ``/metrics``: ``OPEN_PATH_PREFIXES``), and 401s.
 
 JSON Schema cannot state every rule (a regex must compile, prompt + ``max_new_tokens`` must fit the
 context, only one grammar per request), so a schema-valid body can still get a 400. A route missing
@@ -80,10 +80,13 @@ _FLUSH = Operation("Drop the prefix cache and the host KV tier (400 while reques
 _CLEAR_STORAGE = Operation("Delete the hierarchical cache's storage files (400 without a storage backend)",
                            ok={TEXT: {"type": "string"}}, errors=(400, 503))
 _COMPLETION_ERRORS = (400, 413, 503)
+# Paths ``--api-key`` leaves open, as SGLang's middleware does: probes and scrapers carry no secret
+# (``http_server.ApiKeyMiddleware`` enforces it; the spec declares it).
+OPEN_PATH_PREFIXES = ("/health", "/metrics")
+
 
 def _open(path: str) -> bool:
-    """Paths ``--api-key`` leaves open (probes and scrapers; ``http_server.ApiKeyMiddleware``)."""
-    return path.startswith(("/health", "/metrics"))
+    return path.startswith(OPEN_PATH_PREFIXES)
 
 
 OPERATIONS: dict[str, dict[str, Operation]] = {
