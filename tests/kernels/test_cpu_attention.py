@@ -145,6 +145,34 @@ def test_a_token_gets_the_same_bits_in_prefill_chunk_decode_and_any_batch(dtype)
     assert not torch.equal(whole[0], whole[1])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_new_keys_and_values_may_be_views_into_the_fused_qkv_output(dtype):
+    """The decoder stack hands K and V to the kernel as views into one (T, (H + 2 KVH) D) projection
+    (no copy); they are stored and attended exactly as contiguous copies of themselves, and a
+    non-unit inner stride is refused."""
+    op = torch.ops.radixlm_cpu.paged_attention
+    heads, kvh, d, t = 9, 3, 64, 5
+    g = torch.Generator().manual_seed(3)
+    qkv = torch.randn(t, (heads + 2 * kvh) * d, generator=g).to(dtype)
+    q = qkv[:, :heads * d].reshape(t, heads, d).contiguous()
+    k = qkv[:, heads * d:(heads + kvh) * d].view(t, kvh, d)
+    v = qkv[:, (heads + kvh) * d:].view(t, kvh, d)
+    assert not k.is_contiguous() and not v.is_contiguous()
+    pools = [torch.randn(kvh, 64, d, generator=g).to(dtype) for _ in range(2)]
+    table = torch.arange(2 * 32, dtype=torch.int64).view(2, 32)
+    args = (torch.tensor([20, 21, 22, 40, 41]), table, torch.tensor([0, 1]), torch.tensor([20, 8]),
+            torch.tensor([3, 2]), torch.zeros(0, dtype=torch.int64), torch.zeros(1, dtype=torch.int64),
+            torch.zeros(0, dtype=torch.int64), d ** -0.5)
+    kc, vc = pools[0].clone(), pools[1].clone()
+    out = op(q, k, v, kc, vc, *args)
+    kc2, vc2 = pools[0].clone(), pools[1].clone()
+    want = op(q, k.contiguous(), v.contiguous(), kc2, vc2, *args)
+    assert torch.equal(out, want) and torch.equal(kc, kc2) and torch.equal(vc, vc2)
+    assert torch.equal(kc[:, 40], k[3]) and torch.equal(vc[:, 22], v[2])
+    with pytest.raises(RuntimeError, match="unit stride"):
+        op(q, k.transpose(1, 2).contiguous().transpose(1, 2), v, kc, vc, *args)
+
+
 def test_bad_indices_raise_instead_of_reading_out_of_bounds():
     op = torch.ops.radixlm_cpu.paged_attention
     kc, vc = torch.zeros(2, 10, 16), torch.zeros(2, 10, 16)

@@ -75,6 +75,49 @@ def test_rope_equals_the_reference_bitwise(fused, dtype, head_dim):
     assert torch.equal(qo, qr) and torch.equal(ko, kr)
 
 
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_bf16_rope_over_many_tokens_and_extreme_values_is_the_reference(fused, head_dim):
+    """The AVX-512 bf16 path (a token's heads in one pass, bf16_rows_avx512.h) over more tokens than one
+    thread's share, with infinities, NaN, subnormal products and overflowing ones: bitwise the torch
+    reference wherever that is a number, NaN where it is NaN."""
+    t, heads, kvh = 301, 9, 3
+    qkv = rand(t, (heads + 2 * kvh) * head_dim, dtype=torch.bfloat16, seed=5) * 8
+    flat = qkv.view(-1)
+    flat[::97] = float("inf")
+    flat[5::89] = float("-inf")
+    flat[7::101] = float("nan")
+    flat[11::53] = 1e-38  # times |cos| < 1: subnormal fp32 products, rounded as c10 rounds them
+    flat[13::61] = 3e38  # times 2: past bf16's range
+    q = qkv[:, :heads * head_dim].view(t, heads, head_dim)
+    k = qkv[:, heads * head_dim:(heads + kvh) * head_dim].view(t, kvh, head_dim)
+    cos = rand(t, head_dim, dtype=torch.bfloat16, seed=6) * 2
+    sin = rand(t, head_dim, dtype=torch.bfloat16, seed=7) * 2
+    for got, want in zip(fused.rope(q, k, cos, sin), REF.rope(q, k, cos, sin)):
+        assert torch.equal(got.isnan(), want.isnan())
+        num = ~want.isnan()
+        assert torch.equal(got[num], want[num])
+        assert torch.equal(got[num].view(torch.int16), want[num].view(torch.int16))  # signed zeros too
+    assert want.isnan().any() and want.isinf().any()
+
+
+def test_bf16_add_rms_norm_over_many_rows_rounds_as_the_reference(fused):
+    """The AVX-512 bf16 row (bf16_rows_avx512.h) on more rows than one thread's share: the residual add
+    bitwise, the output within the fp32-statistics ulp of the reference, and a NaN row stays NaN
+    without touching the others."""
+    h, delta = (rand(300, 576, dtype=torch.bfloat16, seed=s) for s in (8, 9))
+    w = rand(576, dtype=torch.bfloat16, seed=10)
+    h[7, 3] = float("nan")
+    h_ref = h.clone()
+    ref = REF.add_rms_norm(h_ref, delta, w, 1e-6)
+    out = fused.add_rms_norm(h, delta, w, 1e-6)
+    assert torch.equal(h.isnan(), h_ref.isnan()) and torch.equal(h.nan_to_num(), h_ref.nan_to_num())
+    assert out[7].isnan().all() and not out[torch.arange(300) != 7].isnan().any()
+    ok = torch.arange(300) != 7
+    diff = (out[ok].float() - ref[ok].float()).abs()
+    assert (diff <= 2 * ref[ok].float().abs() * 2 ** -7 + 1e-6).all()
+    assert (out[ok] == ref[ok]).float().mean() > 0.95
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("inter", [1536, 20, 3])
 def test_silu_and_mul_equals_the_reference(fused, dtype, inter):

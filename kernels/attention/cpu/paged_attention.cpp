@@ -34,6 +34,7 @@
 #include <ATen/cpu/vec/functional.h>
 #include <torch/library.h>
 
+#include "../../elementwise/cpu/bf16_rows_avx512.h"
 #include "../../elementwise/cpu/exp2_avx512.h"
 #include "../../gemm/cpu/amx_tiles.h"
 #include "../../gemm/cpu/transpose.h"
@@ -120,13 +121,14 @@ inline float exp_sub_sum(float* s, float m, int64_t n) {
 
 template <typename T>
 void store_kv(at::Tensor& cache, const at::Tensor& src, const int64_t* loc, int64_t tokens) {
-  // cache (KVH, slots, D); src (T, KVH, D)
+  // cache (KVH, slots, D); src (T, KVH, D) with unit stride in D (a view into a fused qkv output is fine)
   const int64_t kvh = cache.size(0), slots = cache.size(1), d = cache.size(2);
+  const int64_t s0 = src.stride(0), s1 = src.stride(1);
   T* dst = cache.data_ptr<T>();
   const T* s = src.data_ptr<T>();
   for (int64_t t = 0; t < tokens; ++t) {
     for (int64_t h = 0; h < kvh; ++h) {
-      std::copy(s + (t * kvh + h) * d, s + (t * kvh + h + 1) * d, dst + (h * slots + loc[t]) * d);
+      std::copy(s + t * s0 + h * s1, s + t * s0 + h * s1 + d, dst + (h * slots + loc[t]) * d);
     }
   }
 }
@@ -494,7 +496,16 @@ inline void finish_rows(const int64_t* qrows, int64_t rows, int64_t h, int64_t h
       const int64_t qi = r * group + g;
       T* dst = op + (qrows[r] * heads + h * group + g) * d;
       const float inv = 1.f / l[qi];
-      for (int64_t i = 0; i < d; ++i) dst[i] = static_cast<T>(acc[qi * d + i] * inv);
+      int64_t i = 0;
+#ifdef CPU_CAPABILITY_AVX512
+      if constexpr (std::is_same_v<T, at::BFloat16>) {  // the same product and rounding, 16 lanes at a time
+        for (; i + 16 <= d; i += 16) {
+          radixlm_math::store_bf16x16_rne(dst + i, _mm512_mul_ps(_mm512_loadu_ps(acc.data() + qi * d + i),
+                                                                 _mm512_set1_ps(inv)));
+        }
+      }
+#endif
+      for (; i < d; ++i) dst[i] = static_cast<T>(acc[qi * d + i] * inv);
     }
   }
 }
@@ -787,7 +798,8 @@ void run(const at::Tensor& q, const at::Tensor& k_new, const at::Tensor& v_new, 
                       cascade_reqs, cascade_offsets, cascade_lens, scaling, out);
 }
 
-// q (T, H, D); k_new, v_new (T, KVH, D): the batch's new tokens, request after request;
+// q (T, H, D) contiguous; k_new, v_new (T, KVH, D) with unit stride in D (views into a fused qkv output
+// are fine): the batch's new tokens, request after request;
 // k_cache, v_cache (KVH, slots, D); out_cache_loc (T,) int64 slots of the new tokens;
 // req_to_token (rows, ctx) int64; req_pool_indices, prefix_lens, extend_lens (B,) int64 (decode:
 // extend_lens all 1); cascade_reqs (N,), cascade_offsets (G + 1,), cascade_lens (G,) int64: shared-prefix
@@ -800,8 +812,10 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_new, const a
                            const at::Tensor& cascade_reqs, const at::Tensor& cascade_offsets,
                            const at::Tensor& cascade_lens, double scaling) {
   TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 3 && v_cache.sizes() == k_cache.sizes(), "bad shapes");
-  TORCH_CHECK(q.is_contiguous() && k_new.is_contiguous() && v_new.is_contiguous() && k_cache.is_contiguous() &&
-              v_cache.is_contiguous() && req_to_token.is_contiguous(), "tensors must be contiguous");
+  TORCH_CHECK(q.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous() && req_to_token.is_contiguous(),
+              "tensors must be contiguous");
+  TORCH_CHECK(k_new.dim() == 3 && v_new.dim() == 3 && k_new.stride(2) == 1 && v_new.stride(2) == 1,
+              "k_new and v_new must be (T, KVH, D) with unit stride in D");
   TORCH_CHECK(q.scalar_type() == k_cache.scalar_type() && k_new.scalar_type() == k_cache.scalar_type() &&
               v_new.scalar_type() == k_cache.scalar_type(), "q, k, v and the KV pool must share a dtype");
   for (const at::Tensor* t : {&out_cache_loc, &req_to_token, &req_pool_indices, &prefix_lens, &extend_lens,

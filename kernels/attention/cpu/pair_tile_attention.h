@@ -117,8 +117,11 @@ inline void attend_rows_tiles(int64_t rows, const int64_t* lens, int64_t group, 
     const int64_t nblock = std::min(BLOCK, k1 - j0);
     if (j0 + BLOCK < k1) prefetch_keys_l2(kh, vh, slot_row, j0 + BLOCK, std::min(k1, j0 + 2 * BLOCK), d);
     load_block_pairs(kh, vh, slot_row, j0, nblock, d, sc.kp.data(), sc.unused, v);
-    const int64_t npad = (nblock + 31) / 32 * 32;
     const bool raw_values = Tiles::reads_value_rows(mpad);  // else V is re-laid as pairs once for all rows
+    // Keys padded to whole 32-key steps of pair_values, or, for V read from its rows, to a whole pair
+    // only: the pad keys' products are exact zeros either way (p = 0, zero V rows), so only the work
+    // changes (a decode item's own keys end in a partial block: up to 30 pad keys a request and head).
+    const int64_t npad = raw_values ? (nblock + 1) / 2 * 2 : (nblock + 31) / 32 * 32;
     if (!raw_values) pair_values(v.raw, nblock, npad, d, sc.vp.data());
     Tiles::scores(sc.q.data(), sc.kp.data(), mpad, (nblock + 15) / 16 * 16, d, sc.s.data());
     for (int64_t r = 0; r < rows; ++r) {

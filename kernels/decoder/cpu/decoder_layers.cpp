@@ -101,7 +101,7 @@ Tensor decoder_layers(Tensor h, const Tensor& cos, const Tensor& sin, at::Tensor
                 " features, the heads ", q_size + 2 * kv_size);
     Tensor q = qkv.narrow(1, 0, q_size).view({t, num_heads, head_dim});
     Tensor k = qkv.narrow(1, q_size, kv_size).view({t, num_kv_heads, head_dim});
-    Tensor v = qkv.narrow(1, q_size + kv_size, kv_size).contiguous().view({t, num_kv_heads, head_dim});
+    Tensor v = qkv.narrow(1, q_size + kv_size, kv_size).view({t, num_kv_heads, head_dim});  // stored as a view
     auto [qr, kr] = o.rope.call(q, k, cos, sin);
     Tensor attn = o.attention.call(qr, kr, v, k_caches[l], v_caches[l], out_cache_loc, req_to_token,
                                    req_pool_indices, prefix_lens, extend_lens, cascade_reqs, cascade_offsets,

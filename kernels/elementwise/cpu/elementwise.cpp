@@ -14,6 +14,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include "../../gemm/cpu/work_stealing.h"
+#include "bf16_rows_avx512.h"
 #include "silu_mul_avx512.h"
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
@@ -57,6 +58,15 @@ void add_rms_norm_impl(at::Tensor& h, const at::Tensor& delta, const at::Tensor&
   radixlm_parallel::parallel_for_steal(0, rows, 16, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       T* x = hp + r * hs;
+#ifdef CPU_CAPABILITY_AVX512
+      if constexpr (std::is_same_v<T, at::BFloat16>) {
+        if (n % 32 == 0) {  // bf16_rows_avx512.h: the same bits, cheaper roundings
+          radixlm_math::add_rms_norm_row_bf16(x, dp != nullptr ? dp + r * ds : nullptr, wp, op + r * n, n,
+                                              static_cast<float>(eps));
+          continue;
+        }
+      }
+#endif
       if (dp != nullptr) {
         const T* d = dp + r * ds;
         if constexpr (std::is_same_v<T, float>) {
@@ -175,6 +185,28 @@ inline void rope_row(const T* x, const T* c, const T* s, T* o, int64_t d) {
   }
 }
 
+#ifdef CPU_CAPABILITY_AVX512
+// bf16 q and k with head_dim % 32 == 0 in one parallel region over the tokens (bf16_rows_avx512.h: the
+// same bits as rope_row, a token's cos / sin widened once for all its heads).
+void rope_bf16_avx512(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin,
+                      at::Tensor& qo, at::Tensor& ko) {
+  using BF = at::BFloat16;
+  const int64_t tokens = q.size(0), hq = q.size(1), hk = k.size(1), d = q.size(2);
+  const BF* qp = q.data_ptr<BF>();
+  const BF* kp = k.data_ptr<BF>();
+  const BF* cp = cos.data_ptr<BF>();
+  const BF* sp = sin.data_ptr<BF>();
+  BF* qop = qo.data_ptr<BF>();
+  BF* kop = ko.data_ptr<BF>();
+  radixlm_parallel::parallel_for_steal(0, tokens, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      radixlm_math::rope_token_bf16(qp + t * q.stride(0), q.stride(1), hq, cp + t * d, sp + t * d, qop + t * hq * d, d);
+      radixlm_math::rope_token_bf16(kp + t * k.stride(0), k.stride(1), hk, cp + t * d, sp + t * d, kop + t * hk * d, d);
+    }
+  });
+}
+#endif
+
 template <typename T>
 void rope_impl(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& out) {
   const int64_t tokens = x.size(0), heads = x.size(1), d = x.size(2);
@@ -206,7 +238,16 @@ std::tuple<at::Tensor, at::Tensor> rope(const at::Tensor& q, const at::Tensor& k
   at::Tensor qo = at::empty(q.sizes(), q.options()), ko = at::empty(k.sizes(), k.options());
   switch (q.scalar_type()) {
     case at::kFloat: rope_impl<float>(q, cos, sin, qo); rope_impl<float>(k, cos, sin, ko); break;
-    case at::kBFloat16: rope_impl<at::BFloat16>(q, cos, sin, qo); rope_impl<at::BFloat16>(k, cos, sin, ko); break;
+    case at::kBFloat16:
+#ifdef CPU_CAPABILITY_AVX512
+      if (d % 32 == 0) {
+        rope_bf16_avx512(q, k, cos, sin, qo, ko);
+        break;
+      }
+#endif
+      rope_impl<at::BFloat16>(q, cos, sin, qo);
+      rope_impl<at::BFloat16>(k, cos, sin, ko);
+      break;
     case at::kHalf: rope_impl<at::Half>(q, cos, sin, qo); rope_impl<at::Half>(k, cos, sin, ko); break;
     default: TORCH_CHECK(false, "rope supports float32, bfloat16 and float16, not ", q.scalar_type());
   }
