@@ -321,7 +321,7 @@ def test_cpu_linear_bf16_rounds_ties_to_even_and_keeps_nan():
         assert same(gemm.linear(x[i:i + 1], packed, b), exact[i:i + 1], nan[i:i + 1])
 
 
-@pytest.mark.parametrize("n,k", [(80, 1000), (48, 34), (960, 576)])
+@pytest.mark.parametrize("n,k", [(80, 1000), (48, 34), (960, 576), (48, 2600)])  # 2600: two k blocks of 650 pairs
 def test_cpu_linear_bf16_rows_alone_equal_rows_in_any_batch(n, k):
     """Few rows run one panel at a time front to back, more in 8-row x 3-panel tiles with K in
     blocks: the same chains, so a row's bits do not depend on which path or tile it fell in."""
@@ -400,7 +400,7 @@ def _swiglu_fused_here() -> bool:
 
 
 @pytest.mark.skipif(not _swiglu_fused_here(), reason="no fused gate-up here (AVX512-BF16 without AMX)")
-@pytest.mark.parametrize("K,inter", [(64, 48), (576, 96), (576, 1536)])
+@pytest.mark.parametrize("K,inter", [(64, 48), (576, 96), (576, 1536), (2304, 48)])  # 2304: two k blocks
 @pytest.mark.parametrize("rows", [1, 7, 8, 33, 600])  # under 8: linear then SiLU; 600: two row blocks at K 576
 def test_fused_gate_up_equals_linear_then_silu_and_mul(K, inter, rows):
     """The gate-up linear with its SiLU-and-mul fused (gemm/cpu/swiglu.cpp) gives the bits of the

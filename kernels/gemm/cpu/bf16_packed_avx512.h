@@ -8,9 +8,12 @@
 // vdpbf16ps, where a 12 x 16 tile needs 13 loads for 12. x is not packed: a packed copy (one stream
 // instead of R) cost a single-threaded pass over x per call and measured 5-9 % slower at 128-1024
 // rows on a Zen 4 (docs/benchmarks.md). K runs
-// in blocks of kPairKBlock pairs so the P panels' slice (128 x 3 x 64 B = 24 KB) stays in L1 while
-// every row tile of the block passes over it; the partial sums wait in an fp32 scratch between k
-// blocks (an fp32 store and load are exact).
+// in blocks of up to kPairKBlock pairs (1024: every K up to 2048 in one block); the partial sums wait
+// in an fp32 scratch between k blocks (an fp32 store and load are exact). The P panels' slice of a
+// block (up to 1024 x 3 x 64 B = 192 KB) streams from L2 at 8 B a cycle, which the L2 sustains: on a
+// Zen 4, blocks of 128 pairs (a 24 KB slice kept in L1) cost every tile a store and reload of its 24
+// accumulators per block and ran at 86 % of the vdpbf16ps peak on SmolLM2's shapes, whole-K chains at
+// 93-96 % (docs/benchmarks.md, "Zen 4, eleventh session").
 //
 // Each output is still one chain of vdpbf16ps over k = 0, 2, 4, ... in order from 0, in fp32, the
 // bias added after it and the sum rounded to bf16 once (round-to-nearest-even, NaN to 0x7FC0: what
@@ -39,7 +42,7 @@ namespace radixlm_gemm {
 
 constexpr int kPairRows = 8;              // rows per register tile
 constexpr int kPairPanels = 3;            // 16-wide pair panels per register tile
-constexpr int64_t kPairKBlock = 128;      // k pairs per pass over a tile's panels
+constexpr int64_t kPairKBlock = 1024;     // at most this many k pairs per pass over a tile's panels
 constexpr int64_t kPairBlockBytes = 640 << 10;  // rows of x per block (in L2 while the panels pass)
 constexpr int64_t kPairL1Ahead = 8;       // k pairs ahead at which a slice's first tile asks for its lines
 constexpr int kPairStreamRows = 8;        // under this many rows: one panel at a time, front to back
