@@ -1,7 +1,8 @@
 // The bf16 rows of RoPE and of the residual add + RMSNorm on AVX-512 (elementwise.cpp), with the same
 // arithmetic as the at::vec paths beside them, step by step: bf16 widened exactly to fp32, each product
 // and sum rounded back to bf16 where torch's bf16 ops round it (round to nearest even, NaN to 0x7FC0
-// as c10::BFloat16(float)). What changes is only the cost of a rounding: 5 integer ops on the fp32 lane
+// as c10::BFloat16(float); at::vec's conversion makes a NaN 0xFFFF, so NaN payloads are the one
+// difference). What changes is only the cost of a rounding: 5 integer ops on the fp32 lane
 // (silu_mul_avx512.h's round_bf16x16 without the narrowing) instead of at::vec's convert round trips,
 // and RoPE widens a token's cos / sin once for all its heads instead of once per head.
 #pragma once

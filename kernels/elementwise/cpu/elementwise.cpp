@@ -60,7 +60,7 @@ void add_rms_norm_impl(at::Tensor& h, const at::Tensor& delta, const at::Tensor&
       T* x = hp + r * hs;
 #ifdef CPU_CAPABILITY_AVX512
       if constexpr (std::is_same_v<T, at::BFloat16>) {
-        if (n % 32 == 0) {  // bf16_rows_avx512.h: the same bits, cheaper roundings
+        if (n % 32 == 0) {  // bf16_rows_avx512.h: the same bits (NaN payloads aside), cheaper roundings
           radixlm_math::add_rms_norm_row_bf16(x, dp != nullptr ? dp + r * ds : nullptr, wp, op + r * n, n,
                                               static_cast<float>(eps));
           continue;
@@ -187,7 +187,7 @@ inline void rope_row(const T* x, const T* c, const T* s, T* o, int64_t d) {
 
 #ifdef CPU_CAPABILITY_AVX512
 // bf16 q and k with head_dim % 32 == 0 in one parallel region over the tokens (bf16_rows_avx512.h: the
-// same bits as rope_row, a token's cos / sin widened once for all its heads).
+// same bits as rope_row but for NaN payloads, a token's cos / sin widened once for all its heads).
 void rope_bf16_avx512(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin,
                       at::Tensor& qo, at::Tensor& ko) {
   using BF = at::BFloat16;
