@@ -193,7 +193,8 @@ class _ChatState:
     def logprobs(self, meta: dict, start: int, context: list[int]) -> ChoiceLogprobs:
         lps = (meta.get("output_token_logprobs") or [])[start:]
         tops = (meta.get("output_top_logprobs") or [])[start:]
-        return chat_logprobs(self.strings, lps, tops, context, self.top_n)
+        return chat_logprobs(self.strings, lps, tops, context, self.top_n,
+                             final=meta.get("finish_reason") is not None)
 
     def _chunk(self, choice: Optional[ChatStreamChoice], usage: Any = None) -> bytes:
         return sse(ChatCompletionChunk(id=self.id, created=self.created, model=self.ctx.model_name,

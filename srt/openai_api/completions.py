@@ -121,7 +121,8 @@ class _State:
     def _output_logprobs(self, meta: dict, start: int, context: list[int], offset: int) -> CompletionLogprobs:
         tops = meta.get("output_top_logprobs") or []
         return completion_logprobs(self.strings, (meta.get("output_token_logprobs") or [])[start:],
-                                   tops[start:], context, offset, self.top_n)
+                                   tops[start:], context, offset, self.top_n,
+                                   final=meta.get("finish_reason") is not None)
 
     def choice(self, k: int, result: dict) -> CompletionChoice:
         """The final choice ``k`` from its native result."""

@@ -10,7 +10,9 @@ A character written by several tokens (byte-fallback pieces, byte-level BPE spli
 emoji) belongs to the token that completes it: the tokens before it get "" (their decode ends in an
 incomplete character, U+FFFD), so the strings still concatenate to the text, ``text_offset`` never goes
 back and each entry's ``bytes`` (the UTF-8 of its string) join to the text's exact bytes. The rule only
-looks at a token's left context, so streamed chunks get the same strings.
+looks at a token's left context, so streamed chunks get the same strings. Where the output ends inside
+a character (``max_tokens`` cut it), the text ends in U+FFFD and so does the last token's string
+(``final``): nothing completes that character.
 
 - Completions: ``{"tokens", "token_logprobs", "top_logprobs": [{str: logprob}], "text_offset"}``;
   with echo the prompt positions come first and the first one has ``null`` logprobs.
@@ -53,7 +55,7 @@ class TokenStrings:
         it leaves a character incomplete; the whole character when it completes one that ids in
         ``context`` began."""
         if self._bytes is not None:
-            return self._pieces_from_bytes([token_id], context)[0]
+            return self._pieces_from_bytes([token_id], context)[0][0]
         window = list(context[-_WINDOW:])
         before = self._decode(window) if window else ""
         after = self._decode([*window, token_id])
@@ -76,7 +78,8 @@ class TokenStrings:
         at_start = not tail  # the loop read all of the context without finding a byte
         return tail[len(tail) - incomplete_tail(tail):], at_start
 
-    def _pieces_from_bytes(self, ids: Sequence[int], context: Sequence[int]) -> list[str]:
+    def _pieces_from_bytes(self, ids: Sequence[int], context: Sequence[int]) -> tuple[list[str], bytes]:
+        """The strings of ``ids`` and the bytes of the character they leave unfinished."""
         tb = self._bytes
         assert tb is not None
         pending, at_start = self._bytes_state(context)
@@ -90,15 +93,28 @@ class TokenStrings:
             at_start = at_start and not data
             pending = data[cut:]
             out.append(text)
-        return out
+        return out, pending
 
-    def pieces(self, ids: Sequence[int], context: Sequence[int] = ()) -> list[str]:
-        """Strings of ``ids`` in sequence, the first one following ``context``."""
-        if self._bytes is not None:
-            return self._pieces_from_bytes(ids, context)
+    def pieces(self, ids: Sequence[int], context: Sequence[int] = (), final: bool = False) -> list[str]:
+        """Strings of ``ids`` in sequence, the first one following ``context``; ``final``: the sequence
+        ends after ``ids``, so a character they leave unfinished ends the last string as U+FFFD, as the
+        decoded text ends."""
         full = [*context[-_WINDOW:], *ids]
-        start = len(full) - len(ids)
-        return [self.piece(full[:start + i], tid) for i, tid in enumerate(ids)]
+        if self._bytes is not None:
+            out, pending = self._pieces_from_bytes(ids, context)
+            unfinished = len(pending)
+        else:
+            start = len(full) - len(ids)
+            out = [self.piece(full[:start + i], tid) for i, tid in enumerate(ids)]
+            unfinished = 4  # at most a character's bytes
+        if final and out and unfinished:
+            # The text ends with the tokenizer's own replacement of those bytes (one U+FFFD for them, or
+            # one a byte with SentencePiece's byte fallback): the U+FFFDs ending a decode of the last ids,
+            # at most one a pending byte (an earlier incomplete character may open that window too).
+            tail = self._decode(full[-_WINDOW - 1:])
+            run = len(tail) - len(tail.rstrip("\ufffd"))
+            out[-1] += "\ufffd" * min(run, unfinished)
+        return out
 
 
 def _finite(lp: Optional[float]) -> Optional[float]:
@@ -110,7 +126,7 @@ def _finite(lp: Optional[float]) -> Optional[float]:
 
 def completion_logprobs(strings: TokenStrings, token_lps: list[list], top_lps: list[Optional[list]],
                         context: Sequence[int], first_offset: int = 0,
-                        top_n: int = 0) -> CompletionLogprobs:
+                        top_n: int = 0, final: bool = False) -> CompletionLogprobs:
     """Build (a slice of) the legacy completions logprobs.
 
     Args:
@@ -119,9 +135,10 @@ def completion_logprobs(strings: TokenStrings, token_lps: list[list], top_lps: l
         context: ids before the first position (for decoding the first string).
         first_offset: ``text_offset`` of the first position (characters into the choice's text).
         top_n: alternatives wanted per position; 0 gives empty dicts.
+        final: the slice ends the choice's output (``TokenStrings.pieces``).
     """
     ids = [int(t[1]) for t in token_lps]
-    toks = strings.pieces(ids, context)
+    toks = strings.pieces(ids, context, final)
     out = CompletionLogprobs()
     offset = first_offset
     full_ctx = [*context[-_WINDOW:], *ids]
@@ -147,10 +164,11 @@ def completion_logprobs(strings: TokenStrings, token_lps: list[list], top_lps: l
 
 
 def chat_logprobs(strings: TokenStrings, token_lps: list[list], top_lps: list[Optional[list]],
-                  context: Sequence[int], top_n: int = 0) -> ChoiceLogprobs:
-    """Build (a slice of) chat ``logprobs.content``; ``context`` = ids before the first token."""
+                  context: Sequence[int], top_n: int = 0, final: bool = False) -> ChoiceLogprobs:
+    """Build (a slice of) chat ``logprobs.content``; ``context`` = ids before the first token; ``final``:
+    the slice ends the choice's output."""
     ids = [int(t[1]) for t in token_lps]
-    toks = strings.pieces(ids, context)
+    toks = strings.pieces(ids, context, final)
     full_ctx = [*context[-_WINDOW:], *ids]
     base = len(full_ctx) - len(ids)
     content = []

