@@ -253,6 +253,8 @@ def validation_message(errors: list[dict], rewrite_extra_fields: bool = True) ->
     Shared by the native API (``rewrite_extra_fields=False`` keeps pydantic's wording) and /v1."""
     if any(e.get("type") == "json_invalid" for e in errors):
         detail = next(e for e in errors if e.get("type") == "json_invalid").get("ctx", {}).get("error", "")
+        if detail.startswith("recursion limit exceeded"):  # valid JSON, deeper than the parser goes
+            return f"JSON body nested too deeply (the limit is 200 levels of objects and arrays): {detail}", None
         return f"malformed JSON body: {detail}".rstrip(": "), None
     by_field: dict[str, list[tuple[list[str], str]]] = {}
     for e in errors:

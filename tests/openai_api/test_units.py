@@ -172,6 +172,22 @@ def test_length_checks_and_usage():
     assert details.cached_tokens == 8 and details.cached_tokens_details == {"device": 1, "host": 3, "storage": 4}
 
 
+def test_a_body_nested_past_the_parsers_limit_is_not_called_malformed():
+    """Valid JSON nested deeper than pydantic's parser goes (a newcomer's 100-level JSON schema) gets a
+    message that says so, not "malformed"; one level less parses."""
+    from pydantic import BaseModel, ValidationError
+
+    class Body(BaseModel):
+        x: object = None
+
+    Body.model_validate_json('{"x": ' + "[" * 200 + "]" * 200 + "}")
+    with pytest.raises(ValidationError) as exc:
+        Body.model_validate_json('{"x": ' + "[" * 201 + "]" * 201 + "}")
+    message, param = validation_message(exc.value.errors())
+    assert message.startswith("JSON body nested too deeply (the limit is 200 levels") and param is None
+    assert "recursion limit exceeded at line 1 column" in message and "malformed" not in message
+
+
 def test_validation_message_merges_union_branches():
     errors = [{"loc": ("prompt", "list[int]"), "msg": "Input should be a valid array", "type": "list_type"},
               {"loc": ("prompt", "str"), "msg": "Input should be a valid string", "type": "string_type"},
