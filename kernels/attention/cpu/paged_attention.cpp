@@ -34,7 +34,7 @@
 #include <ATen/cpu/vec/functional.h>
 #include <torch/library.h>
 
-#include "../../elementwise/cpu/bf16_rows_avx512.h"
+#include "../../elementwise/cpu/bf16_avx512.h"
 #include "../../elementwise/cpu/exp2_avx512.h"
 #include "../../gemm/cpu/amx_tiles.h"
 #include "../../gemm/cpu/transpose.h"
@@ -500,7 +500,7 @@ inline void finish_rows(const int64_t* qrows, int64_t rows, int64_t h, int64_t h
 #ifdef CPU_CAPABILITY_AVX512
       if constexpr (std::is_same_v<T, at::BFloat16>) {  // the same product and rounding, 16 lanes at a time
         for (; i + 16 <= d; i += 16) {
-          radixlm_math::store_bf16x16_rne(dst + i, _mm512_mul_ps(_mm512_loadu_ps(acc.data() + qi * d + i),
+          radixlm_math::store_bf16x16(dst + i, _mm512_mul_ps(_mm512_loadu_ps(acc.data() + qi * d + i),
                                                                  _mm512_set1_ps(inv)));
         }
       }

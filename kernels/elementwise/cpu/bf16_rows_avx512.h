@@ -2,8 +2,8 @@
 // arithmetic as the at::vec paths beside them, step by step: bf16 widened exactly to fp32, each product
 // and sum rounded back to bf16 where torch's bf16 ops round it (round to nearest even, NaN to 0x7FC0
 // as c10::BFloat16(float); at::vec's conversion makes a NaN 0xFFFF, so NaN payloads are the one
-// difference). What changes is only the cost of a rounding: 5 integer ops on the fp32 lane
-// (silu_mul_avx512.h's round_bf16x16 without the narrowing) instead of at::vec's convert round trips,
+// difference). What changes is only the cost of a rounding: bf16_avx512.h's round_to_bf16, a few
+// integer ops on the fp32 lane, instead of at::vec's convert round trips,
 // and RoPE widens a token's cos / sin once for all its heads instead of once per head.
 #pragma once
 
@@ -15,29 +15,11 @@
 
 #include <cmath>
 
-#include "silu_mul_avx512.h"
+#include "bf16_avx512.h"
 
 namespace radixlm_math {
 
 #define RADIXLM_ROWS_TARGET __attribute__((target("avx512f,avx512bw")))
-
-RADIXLM_ROWS_TARGET inline __m512 load_bf16x16(const at::BFloat16* p) {  // 16 bf16, widened exactly
-  return widen_bf16x16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-}
-
-RADIXLM_ROWS_TARGET inline void store_bf16x16_rne(at::BFloat16* p, __m512 v) {
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), round_bf16x16(v));
-}
-
-// v rounded to bf16 and widened back, in the fp32 lane: float(c10::BFloat16(v)) for 16 lanes.
-RADIXLM_ROWS_TARGET inline __m512 round_to_bf16(__m512 v) {
-  const __m512i u = _mm512_castps_si512(v);
-  const __m512i bias = _mm512_add_epi32(_mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1)),
-                                        _mm512_set1_epi32(0x7FFF));
-  __m512i r = _mm512_and_si512(_mm512_add_epi32(u, bias), _mm512_set1_epi32(static_cast<int>(0xFFFF0000u)));
-  r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC00000));
-  return _mm512_castsi512_ps(r);
-}
 
 // RoPE (HF rotate-half layout) of one token's `heads` rows x (row stride xs, head_dim d, d % 32 == 0)
 // into o (heads x d, contiguous), cos / sin rows c, s of d: with x1, x2 the halves,
@@ -56,9 +38,9 @@ RADIXLM_ROWS_TARGET inline void rope_token_bf16(const at::BFloat16* x, int64_t x
       const __m512 x1 = load_bf16x16(xr + i), x2 = load_bf16x16(xr + half + i);
       const __m512 nx2 = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(x2), sign));
       at::BFloat16* orow = o + h * d;
-      store_bf16x16_rne(orow + i, _mm512_add_ps(round_to_bf16(_mm512_mul_ps(x1, c1)),
+      store_bf16x16(orow + i, _mm512_add_ps(round_to_bf16(_mm512_mul_ps(x1, c1)),
                                                 round_to_bf16(_mm512_mul_ps(nx2, s1))));
-      store_bf16x16_rne(orow + half + i, _mm512_add_ps(round_to_bf16(_mm512_mul_ps(x2, c2)),
+      store_bf16x16(orow + half + i, _mm512_add_ps(round_to_bf16(_mm512_mul_ps(x2, c2)),
                                                        round_to_bf16(_mm512_mul_ps(x1, s2))));
     }
   }
@@ -77,8 +59,8 @@ RADIXLM_ROWS_TARGET inline void add_rms_norm_row_bf16(at::BFloat16* x, const at:
     if (delta != nullptr) {
       a = round_to_bf16(_mm512_add_ps(a, load_bf16x16(delta + i)));
       b = round_to_bf16(_mm512_add_ps(b, load_bf16x16(delta + i + 16)));
-      store_bf16x16_rne(x + i, a);
-      store_bf16x16_rne(x + i + 16, b);
+      store_bf16x16(x + i, a);
+      store_bf16x16(x + i + 16, b);
     }
     acc = _mm512_fmadd_ps(b, b, _mm512_fmadd_ps(a, a, acc));
   }
@@ -87,7 +69,7 @@ RADIXLM_ROWS_TARGET inline void add_rms_norm_row_bf16(at::BFloat16* x, const at:
   const __m512 inv = _mm512_set1_ps(1.f / std::sqrt(ss / static_cast<float>(n) + eps));
   for (int64_t j = 0; j < n; j += 16) {
     const __m512 y = round_to_bf16(_mm512_mul_ps(load_bf16x16(x + j), inv));
-    store_bf16x16_rne(o + j, _mm512_mul_ps(load_bf16x16(w + j), y));
+    store_bf16x16(o + j, _mm512_mul_ps(load_bf16x16(w + j), y));
   }
 }
 

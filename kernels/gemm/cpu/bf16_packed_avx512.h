@@ -34,6 +34,7 @@
 #include <cstring>
 #include <memory>
 
+#include "../../elementwise/cpu/bf16_avx512.h"
 #include "microkernel.h"
 
 #define RADIXLM_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
@@ -51,14 +52,7 @@ constexpr int kPairStreamRows = 8;        // under this many rows: one panel at 
 inline int64_t pair_row_block(int64_t K) { return std::max<int64_t>(96, kPairBlockBytes / (2 * K) / 8 * 8); }
 
 // 16 fp32 -> 16 bf16 at y, rounded to nearest even (NaN -> 0x7FC0), bitwise c10::BFloat16(float).
-RADIXLM_BF16_TARGET inline void store_bf16x16(at::BFloat16* y, __m512 v) {
-  const __m512i u = _mm512_castps_si512(v);
-  const __m512i bias = _mm512_add_epi32(_mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1)),
-                                        _mm512_set1_epi32(0x7FFF));
-  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, bias), 16);
-  r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(y), _mm512_cvtepi32_epi16(r));
-}
+using radixlm_math::store_bf16x16;
 
 // acc[r, 16 p + j] (+)= the chain over kp in [0, kc) of (xt[r, 2 kp], xt[r, 2 kp + 1]) . panel_p[kp, j] (pairs;
 // xt's rows ldx elements apart, each pair broadcast straight from x: bf16 pairs are 4 contiguous bytes), starting at
