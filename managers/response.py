@@ -68,6 +68,13 @@ class ResponseAccumulator:
             self.meta["finish_reason"] = self.finish_reason.to_json()
             self.meta["e2e_latency"] = elapsed_s
 
+    def end_unsent(self, reason: FinishReason, prompt_tokens: int) -> None:
+        """End a request that was never sent to a scheduler (an n > 1 copy whose warm-up prefill was
+        aborted) with ``reason``, no output and no cached tokens."""
+        self.meta.update(prompt_tokens=prompt_tokens, completion_tokens=0, cached_tokens=0, total_retractions=0,
+                         finish_reason=reason.to_json(), e2e_latency=0.0)
+        self.finish_reason = reason
+
     def relabel_abort(self, message: str) -> None:
         """If the request ended with an abort that carries no HTTP status, report ``message`` as its
         reason (the TokenizerManager's own abort, e.g. a timeout, whatever queue the request was in)."""

@@ -289,14 +289,35 @@ class TokenizerManager:
                        ) -> AsyncIterator[list[ReqState]]:
         """Submit, then yield the states after every change until all finish; aborts on exit."""
         self.check_admission(prep)
-        pins = [prep.data_parallel_rank] * len(prep.msgs)
-        if prep.warmups:
-            warm = self._submit(prep.warmups, prep, [prep.data_parallel_rank] * len(prep.warmups))
-            async for _ in self._watch(warm, is_disconnected, prep.timeout):
-                pass
-            n = len(prep.msgs) // len(prep.warmups)
-            pins = [warm[i // n].dp_rank for i in range(len(prep.msgs))]  # the n copies go where the prefix is cached
-        async for states in self._watch(self._submit(prep.msgs, prep, pins), is_disconnected, prep.timeout):
+        if not prep.warmups:
+            pins = [prep.data_parallel_rank] * len(prep.msgs)
+            async for states in self._watch(self._submit(prep.msgs, prep, pins), is_disconnected, prep.timeout):
+                yield states
+            return
+        warm = self._submit(prep.warmups, prep, [prep.data_parallel_rank] * len(prep.warmups))
+        async for _ in self._watch(warm, is_disconnected, prep.timeout):
+            pass
+        n = len(prep.msgs) // len(prep.warmups)
+        # A prompt whose warm-up was aborted (abort_request, a timeout, no room in the pool) ends its n
+        # copies with the same reason, unsent: they were part of the request the abort named.
+        ended = {i for i in range(len(prep.msgs)) if warm[i // n].acc.finish_reason.type == "abort"}
+        live = [i for i in range(len(prep.msgs)) if i not in ended]
+        sent = self._submit([prep.msgs[i] for i in live], prep, [warm[i // n].dp_rank for i in live])  # where the prefix is cached
+        states: list[Optional[ReqState]] = [None] * len(prep.msgs)
+        for i, s in zip(live, sent):
+            states[i] = s
+        event = sent[0].event if sent else asyncio.Event()
+        for i in ended:
+            w = warm[i // n]
+            states[i] = ReqState(prep.msgs[i], ResponseAccumulator(prep.msgs[i].rid, prep.msgs[i].return_logprob,
+                                                                   self.tokenizer, prep.return_text_in_logprobs),
+                                 event, prep.created)
+            states[i].acc.end_unsent(w.acc.finish_reason, len(prep.msgs[i].input_ids))
+            states[i].updates = 1
+        if not sent:
+            yield states
+            return
+        async for _ in self._watch(sent, is_disconnected, prep.timeout):
             yield states
 
     async def _watch(self, states: list[ReqState], is_disconnected: Callable[[], Awaitable[bool]],

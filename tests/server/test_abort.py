@@ -130,3 +130,36 @@ def test_abort_by_rid_prefix(http, server):
     assert by_rid["drop-a"]["type"] == by_rid["drop-b"]["type"] == "abort"
     assert by_rid["keep"] == {"type": "length", "length": 600}
     _assert_pool_free_after_flush(http)
+
+
+def test_abort_reaches_a_queued_n_copies_request(http, server):
+    """An n > 1 request still queued (its warm-up prefill waiting) is aborted whole: the warm-up ends
+    with abort and its n copies end with the same reason without being sent (a newcomer's finding:
+    the copies were sent after the abort and ran to their end)."""
+    fillers = [{"text": f"Lily {i}", "sampling_params": LONG} for i in range(8)]
+    target = {"text": "Once upon a time", "rid": "target",
+              "sampling_params": {**LONG, "n": 2}}
+    other = {"text": ["Lily", "Tom"], "rid": ["zap", "stay"],
+             "sampling_params": greedy(8, ignore_eos=True, n=2)}
+    threads, results = _post_in_threads(server, fillers)
+    _wait_for(lambda: _state(http)["num_running_reqs"] == 8, 60.0, "8 running")
+    (t_target, t_other), pair = _post_in_threads(server, [target, other])
+    _wait_for(lambda: _state(http)["num_waiting_reqs"] == 3, 60.0, "3 queued warm-ups")
+    assert http.post("/abort_request", json={"rid": "zap"}).status_code == 200  # one prompt of the batch
+    assert http.post("/abort_request", json={"rid": "target"}).status_code == 200
+    t_target.join(10)
+    assert not t_target.is_alive(), "the aborted n=2 request did not end"
+    copies = pair[0].json()
+    assert pair[0].status_code == 200 and len(copies) == 2
+    for c in copies:
+        assert c["meta_info"]["finish_reason"] == {"type": "abort", "message": "Abort in waiting queue"}
+        assert c["output_ids"] == [] and c["meta_info"]["completion_tokens"] == 0
+        assert c["meta_info"]["prompt_tokens"] > 0
+    assert http.post("/abort_request", json={"abort_all": True}).status_code == 200  # the fillers
+    for t in [*threads, t_other]:
+        t.join(60)
+    batch = pair[1].json()
+    assert [o["meta_info"]["finish_reason"]["type"] for o in batch[:2]] == ["abort", "abort"]  # zap's copies
+    assert all(o["output_ids"] == [] for o in batch[:2])
+    assert all(o["meta_info"]["finish_reason"]["type"] in ("length", "abort") for o in batch[2:])  # stay's ran
+    _assert_pool_free_after_flush(http)
