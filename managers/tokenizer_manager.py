@@ -7,9 +7,9 @@ first-in first-out per replica), and folds the detokenizer's ``BatchStrOut`` (PU
 
 Requests whose client goes away are aborted (``AbortReq``) at once; their state stays until the
 scheduler's terminal output arrives, so ``len(self.states)`` counts every request the scheduler
-still holds. That count bounds admission: beyond ``max_running_requests + max_queued_requests``
-outstanding requests a new one is refused with 503 (an approximation of the scheduler's queue that
-needs no round trip).
+still holds. That count, plus the sequences admitted and not yet sent, bounds admission: beyond
+``max_running_requests + max_queued_requests`` outstanding requests a new one is refused with 503
+(an approximation of the scheduler's queue that needs no round trip), before a stream's HTTP 200.
 
 Prompts are tokenized by ``PromptTokenizer``: large ones on a worker thread, so the event loop keeps
 serving. A request's time limit (its ``timeout``, capped by ``--request-timeout``; seconds from its
@@ -24,6 +24,7 @@ import dataclasses
 import logging
 import time
 import uuid
+import weakref
 from collections.abc import AsyncIterator, Awaitable
 from typing import Any, Callable, Optional, Union
 
@@ -102,6 +103,9 @@ class PreparedRequest:
     timeout: Optional[float] = None  # seconds from ``created`` until its unfinished rids are aborted
     data_parallel_rank: Optional[int] = None  # pins every message to this replica
     no_logs: bool = False
+    # check_admission's hold on its sequences' queue places until they are registered (calling it
+    # releases them; so does the request's garbage collection, for a stream that never started)
+    admission: Optional[weakref.finalize] = dataclasses.field(default=None, repr=False, compare=False)
 
 
 class ReqState:
@@ -139,6 +143,7 @@ class TokenizerManager:
         self.draining = False  # SIGTERM received: open requests finish, new ones get 503 (graceful_shutdown)
         q = server_args.max_queued_requests
         self.max_outstanding = None if q is None else server_args.max_running_requests + q
+        self.admitted = 0  # sequences check_admission let in that are not in ``states`` yet
         self._tasks: list[asyncio.Task] = []
         self._ctx = zmq.Context()
         dp_size = server_args.dp_size
@@ -288,8 +293,18 @@ class TokenizerManager:
     async def _updates(self, prep: PreparedRequest, is_disconnected: Callable[[], Awaitable[bool]]
                        ) -> AsyncIterator[list[ReqState]]:
         """Submit, then yield the states after every change until all finish; aborts on exit."""
-        self.check_admission(prep)
+        if prep.admission is None:
+            self.check_admission(prep)
+        try:
+            async for states in self._run(prep, is_disconnected):
+                yield states
+        finally:
+            prep.admission()  # (idempotent) its sequences now count in ``states``, or it ended
+
+    async def _run(self, prep: PreparedRequest, is_disconnected: Callable[[], Awaitable[bool]]
+                   ) -> AsyncIterator[list[ReqState]]:
         if not prep.warmups:
+            prep.admission()
             pins = [prep.data_parallel_rank] * len(prep.msgs)
             async for states in self._watch(self._submit(prep.msgs, prep, pins), is_disconnected, prep.timeout):
                 yield states
@@ -302,6 +317,7 @@ class TokenizerManager:
         # copies with the same reason, unsent: they were part of the request the abort named.
         ended = {i for i in range(len(prep.msgs)) if warm[i // n].acc.finish_reason.type == "abort"}
         live = [i for i in range(len(prep.msgs)) if i not in ended]
+        prep.admission()
         sent = self._submit([prep.msgs[i] for i in live], prep, [warm[i // n].dp_rank for i in live])  # where the prefix is cached
         states: list[Optional[ReqState]] = [None] * len(prep.msgs)
         for i, s in zip(live, sent):
@@ -370,7 +386,11 @@ class TokenizerManager:
                 self.dp.abort(AbortReq(rid=s.msg.rid, exact=True, message="client disconnected"))
 
     def check_admission(self, prep: PreparedRequest) -> None:
-        """Raises RequestError: 400 when the request alone is more sequences than the server may hold
+        """Admit ``prep``: its sequences hold places in the queue (``prep.admission``) until they are
+        submitted, so a burst of streams, whose bodies start after their handlers return, cannot all
+        pass the check before any of them is counted.
+
+        Raises RequestError: 400 when the request alone is more sequences than the server may hold
         (running + queued: retrying cannot help), 503 when the scheduler is gone or the queue is full."""
         count = len(prep.msgs)  # a request's sequences; its warm-up prefills (n > 1) end in one step
         if self.dead is not None:
@@ -382,9 +402,17 @@ class TokenizerManager:
             raise RequestError(f"the request is {count} sequences (prompts x n), more than this server holds at "
                                f"once ({self.max_outstanding}: --max-running-requests + --max-queued-requests)",
                                400)
-        if self.max_outstanding is not None and len(self.states) + count > self.max_outstanding:
-            raise RequestError(f"The request queue is full ({len(self.states)} requests outstanding, "
+        outstanding = len(self.states) + self.admitted
+        if self.max_outstanding is not None and outstanding + count > self.max_outstanding:
+            raise RequestError(f"The request queue is full ({outstanding} requests outstanding, "
                                f"--max-queued-requests {self.args.max_queued_requests}); retry later", 503)
+        if prep.admission is not None:
+            prep.admission()  # admitted again (a caller's second check): one hold at a time
+        self.admitted += count
+        prep.admission = weakref.finalize(prep, self._release_admission, count)
+
+    def _release_admission(self, count: int) -> None:
+        self.admitted -= count
 
     def _submit(self, msgs: list[TokenizedGenerateReq], prep: PreparedRequest, pins: list[Optional[int]]
                 ) -> list[ReqState]:

@@ -1,6 +1,7 @@
 """Limits: request body size (413), a client leaving mid-body (499, no error), queue full (503 with Retry-After), max_new_tokens beyond the
 context (400; the default is clamped to it), a prompt that fills the context (400), fan-out of one
-request (prompts x n, 400). One server: 1 running + 0 queued."""
+request (prompts x n, 400), a burst of streams over the queue (503 before the stream). One server: 1
+running + 0 queued, and servers of their own for the queue tests."""
 
 from __future__ import annotations
 
@@ -93,6 +94,60 @@ def test_queue_full_is_503_with_retry_after(launch, stories_path):
                      "--max-queued-requests", "0", "--log-level", "info"])
     with server.client(timeout=60) as http:
         _queue_full(server, http)
+
+
+def test_a_burst_of_streams_over_the_queue_is_refused_before_the_stream(launch, stories_path):
+    """1 running + 2 queued, then 12 streamed requests at once (native, completions, chat): each is
+    either an HTTP 200 stream that ends with its finish_reason and [DONE], or a 503 before any byte of
+    a stream. (Before, all 12 passed the check before any was counted: 9 got a 200, then the "queue
+    is full" error inside the stream, and a chat stream's role chunk went out with no finish_reason.)"""
+    import asyncio
+    import json
+
+    server = launch(["--model-path", stories_path, "--max-running-requests", "1", "--max-queued-requests", "2",
+                     "--log-level", "info"])
+    chat = {"messages": [{"role": "user", "content": "Lily"}], "max_tokens": 4}
+    with server.client(timeout=60) as http:
+        routes = app_routes(http)
+        if "/v1/chat/completions" in routes and http.post("/v1/chat/completions", json=chat).status_code != 200:
+            routes.remove("/v1/chat/completions")  # a model without a chat template
+    bodies = [("/generate", {"text": "Lily", "stream": True, "sampling_params": {"max_new_tokens": 4}})]
+    if "/v1/completions" in routes:
+        bodies.append(("/v1/completions", {"prompt": "Lily", "max_tokens": 4, "stream": True}))
+    if "/v1/chat/completions" in routes:
+        bodies.append(("/v1/chat/completions", {**chat, "stream": True}))
+
+    async def one(client: httpx.AsyncClient, path: str, body: dict) -> tuple[int, list[dict]]:
+        async with client.stream("POST", path, json=body) as resp:
+            if resp.status_code != 200:
+                await resp.aread()
+                return resp.status_code, [resp.json()]
+            events = [line[6:] async for line in resp.aiter_lines() if line.startswith("data: ")]
+            assert events and events[-1] == "[DONE]", (path, events)
+            return 200, [json.loads(e) for e in events[:-1]]
+
+    async def burst() -> list[tuple[str, int, list[dict]]]:
+        async with httpx.AsyncClient(base_url=server.url, timeout=60,
+                                     limits=httpx.Limits(max_connections=16)) as client:
+            jobs = [bodies[i % len(bodies)] for i in range(12)]
+            got = await asyncio.gather(*(one(client, p, b) for p, b in jobs))
+            return [(p, *g) for (p, _), g in zip(jobs, got)]
+
+    results = asyncio.run(burst())
+    codes = [code for _, code, _ in results]
+    assert set(codes) <= {200, 503} and 1 <= codes.count(200) <= 3, codes
+    for path, code, events in results:
+        if code == 503:
+            assert "queue is full" in events[0]["error"]["message"]
+            continue
+        assert not any("error" in e for e in events), (path, events)
+        if path == "/generate":
+            assert events[-1]["meta_info"]["finish_reason"]["type"] == "length"
+        else:
+            finishes = [c["finish_reason"] for e in events for c in e["choices"] if c.get("finish_reason")]
+            assert finishes == ["length"], (path, events)
+    with server.client(timeout=60) as http:
+        assert_pool_free_after_flush(http)
 
 
 def _queue_full(server, http) -> None:
