@@ -59,7 +59,8 @@ class ToolCallParser(ABC):
         every call's opening). separator: between two calls. wrapper: ``(begin, end)`` literals
         around all calls of one region ("" when each call is its own region). max_calls: the
         most calls one choice keeps (None: any number); later calls are dropped, as OpenAI's
-        ``parallel_tool_calls: false`` allows one.
+        ``parallel_tool_calls: false`` allows one. answers_in_content: False where a grammar makes
+        the output only calls (no content, ``null``, even when the calls were cut).
     """
 
     name: ClassVar[str] = "base"
@@ -69,6 +70,7 @@ class ToolCallParser(ABC):
     call_triggers: ClassVar[bool] = False  # auto: triggered by the wrapper's opening + a call's, not the opening alone
     separator: ClassVar[str] = "\n"
     wrapper: ClassVar[tuple[str, str]] = ("", "")
+    answers_in_content: ClassVar[bool] = True  # False: the output is only calls, so content is null
 
     def region_allowed(self, text: str, pos: int, final: bool) -> Optional[bool]:
         """Whether the opener at ``pos`` really starts a region: True, False, or None (undecided

@@ -88,7 +88,7 @@ class ChoiceOutput:
             calls = None
         else:
             content, calls = self._tools.content, (self._tools.tool_calls() or None)
-        if not content and (calls or reasoning):
+        if not content and (calls or reasoning or (self._tools is not None and not self._tools.parser.answers_in_content)):
             content = None
         return ChatResponseMessage(content=content, reasoning_content=reasoning, tool_calls=calls)
 

@@ -180,6 +180,12 @@ def test_required_gives_valid_function_calls(rc, parallel):
     assert got.parallel_tool_calls is parallel and got.tools[0].strict is True
 
 
+@pytest.mark.parametrize("max_tokens", [2, 11, 16])
+def test_a_forced_call_cut_before_its_name_leaves_no_output_text(rc, max_tokens):
+    got = _create(rc, tools=TOOLS, tool_choice="required", max_output_tokens=max_tokens)
+    assert got.status == "incomplete" and got.output_text == "" and not _calls(got), got.output
+
+
 def test_named_and_auto_tool_choice(rc):
     named = _create(rc, tools=TOOLS, tool_choice={"type": "function", "name": "get_time"})
     assert [name for name, _ in _calls(named, ["get_time"])] == ["get_time"]

@@ -77,11 +77,15 @@ def test_the_output_parser_follows_the_plan():
     forced = parser_for(llama3, tools=[TOOL], tool_choice="required")  # the grammar makes the calls
     assert isinstance(forced, ForcedParser) and forced.parser is llama3
     # a forced call cut by the token limit before its name was whole: no content, no call
-    for parser in (HERMES, llama3):
-        cut = {"hermes": "<tool_call>\n", "llama3": '{"name": "'}[parser.name]
-        stream = ToolCallStream(parser_for(parser, tools=[TOOL], tool_choice="required"))
-        deltas = [stream.feed(cut), stream.finish()]
-        assert stream.content == "" and not stream.calls and not any(d.text or d.calls for d in deltas)
+    # (or sooner, inside its opener: "<", "<tool", "<tool_call" with max_tokens 1-3; a newcomer's finding)
+    cuts = [("hermes", "<tool_call>\n"), ("llama3", '{"name": "'), ("hermes", "<"), ("hermes", "<tool"),
+            ("hermes", "<tool_call"), ("hermes", "<tool_call>\n{\"na"), ("llama3", "{")]
+    for name, cut in cuts:
+        parser = {"hermes": HERMES, "llama3": llama3}[name]
+        for pieces in ([cut], list(cut)):  # whole, and one character at a time
+            stream = ToolCallStream(parser_for(parser, tools=[TOOL], tool_choice="required"))
+            deltas = [stream.feed(p) for p in pieces] + [stream.finish()]
+            assert stream.content == "" and not stream.calls and not any(d.text or d.calls for d in deltas), cut
         plain = ToolCallStream(parser)
         plain.feed(cut)
         plain.finish()

@@ -135,6 +135,22 @@ def test_only_parsed_calls_are_the_allowed_ones(tc, stream, text, calls):
         assert message.content == text
 
 
+@pytest.mark.parametrize("max_tokens", [1, 4, 11, 14, 20])
+def test_a_forced_call_cut_before_its_name_leaves_no_content(tools_server, tc, max_tokens):
+    """stories260K's byte-sized tokens: 1-11 tokens end inside "<tool_call>", 14-20 inside its name.
+    The reply has content null, no call, finish_reason length, streamed or not (a newcomer saw "<",
+    "<tool", "<tool_call" as content, and "" for the cut name)."""
+    got = _create(tc, tools=TOOLS, tool_choice="required", max_tokens=max_tokens).choices[0]
+    assert got.finish_reason == "length" and got.message.content is None and not got.message.tool_calls, got
+    body = {"messages": ASK, "tools": TOOLS, "tool_choice": "required", "temperature": 0,
+            "max_tokens": max_tokens, "stream": True}
+    lines = sse_lines(tools_server, "/v1/chat/completions", body)
+    pieces = [json.loads(x)["choices"][0] for x in lines[:-1]]
+    assert "".join(p["delta"].get("content") or "" for p in pieces) == ""
+    assert not any(p["delta"].get("tool_calls") for p in pieces)
+    assert [p["finish_reason"] for p in pieces if p["finish_reason"]] == ["length"]
+
+
 def test_stream_delta_shape(tools_server):
     body = {"messages": ASK, "tools": TOOLS, "tool_choice": "required", "temperature": 0, "max_tokens": MAX,
             "stream": True}
