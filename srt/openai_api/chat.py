@@ -143,7 +143,7 @@ async def create_chat_completion(ctx: ServingContext, req: ChatCompletionRequest
     for k, result in enumerate(results):
         meta = result["meta_info"]
         reason, matched = finish_reason(meta)
-        logprobs = state.logprobs(meta, 0, prompt_ids) if req.logprobs else None
+        logprobs = state.logprobs(meta, 0, prompt_ids, len(result["text"])) if req.logprobs else None
         out = state.new_output()
         out.feed(result["text"])
         out.finish()
@@ -190,11 +190,13 @@ class _ChatState:
         """The parsers of one choice."""
         return ChoiceOutput(self.reasoning, self.tool_parser)
 
-    def logprobs(self, meta: dict, start: int, context: list[int]) -> ChoiceLogprobs:
+    def logprobs(self, meta: dict, start: int, context: list[int], text_chars: int) -> ChoiceLogprobs:
+        """Logprobs of output positions ``start`` on; ``text_chars``: characters of the raw output
+        text (before the reasoning and tool parsers) they may cover (``fit_to_text``)."""
         lps = (meta.get("output_token_logprobs") or [])[start:]
         tops = (meta.get("output_top_logprobs") or [])[start:]
         return chat_logprobs(self.strings, lps, tops, context, self.top_n,
-                             final=meta.get("finish_reason") is not None)
+                             final=meta.get("finish_reason") is not None, text_chars=text_chars)
 
     def _chunk(self, choice: Optional[ChatStreamChoice], usage: Any = None) -> bytes:
         return sse(ChatCompletionChunk(id=self.id, created=self.created, model=self.ctx.model_name,
@@ -211,7 +213,7 @@ class _ChatState:
         opening = usage_info([{"prompt_tokens": len(self.prompt_ids)}], 1) if continuous else None
         for k in range(total):
             yield self._chunk(ChatStreamChoice(index=k, delta=DeltaMessage(role="assistant", content="")), opening)
-        sent_text, sent_lps = [0] * total, [0] * total
+        sent_text, sent_lps, lp_chars = [0] * total, [0] * total, [0] * total
         outputs = [self.new_output() for _ in range(total)]
         metas: list[Optional[dict]] = [None] * total
         async for event in self.ctx.tm.generate_stream(prep, request.is_disconnected):
@@ -227,8 +229,10 @@ class _ChatState:
             logprobs = None
             if self.req.logprobs:
                 done = sent_lps[k]
-                logprobs = self.logprobs(meta, done, self.prompt_ids + event["output_ids"][:done])
+                logprobs = self.logprobs(meta, done, self.prompt_ids + event["output_ids"][:done],
+                                         sent_text[k] - lp_chars[k])
                 sent_lps[k] += len(logprobs.content or [])
+                lp_chars[k] += sum(len(c.token) for c in logprobs.content or [])
             parts = outputs[k].feed(text) if text else None
             if parts or (logprobs is not None and logprobs.content):
                 delta = parts.message() if parts else DeltaMessage(content="")

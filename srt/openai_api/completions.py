@@ -118,11 +118,12 @@ class _State:
         return completion_logprobs(self.strings, meta.get("input_token_logprobs") or [],
                                    meta.get("input_top_logprobs") or [], (), 0, self.top_n)
 
-    def _output_logprobs(self, meta: dict, start: int, context: list[int], offset: int) -> CompletionLogprobs:
+    def _output_logprobs(self, meta: dict, start: int, context: list[int], offset: int,
+                         text_chars: int) -> CompletionLogprobs:
         tops = meta.get("output_top_logprobs") or []
         return completion_logprobs(self.strings, (meta.get("output_token_logprobs") or [])[start:],
                                    tops[start:], context, offset, self.top_n,
-                                   final=meta.get("finish_reason") is not None)
+                                   final=meta.get("finish_reason") is not None, text_chars=text_chars)
 
     def choice(self, k: int, result: dict) -> CompletionChoice:
         """The final choice ``k`` from its native result."""
@@ -132,7 +133,7 @@ class _State:
         logprobs = None
         if self.req.logprobs is not None:
             logprobs = self._echo_logprobs(meta) if self.req.echo else CompletionLogprobs()
-            _extend(logprobs, self._output_logprobs(meta, 0, self.prompt_ids[i], len(prefix)))
+            _extend(logprobs, self._output_logprobs(meta, 0, self.prompt_ids[i], len(prefix), len(result["text"])))
         reason, matched = finish_reason(meta)
         return CompletionChoice(index=k, text=prefix + result["text"], logprobs=logprobs,
                                 finish_reason=reason, matched_stop=matched)
@@ -149,6 +150,7 @@ class _State:
         """SSE chunks from the TokenizerManager's cumulative updates (``index`` = choice)."""
         total = len(prep.msgs)
         sent_text, sent_lps, lp_chars = [0] * total, [0] * total, [0] * total
+        lp_out_chars = [0] * total  # characters of the output text the sent logprob tokens cover
         started = [False] * total
         continuous = self.req.stream_options is not None and self.req.stream_options.continuous()
         latest: list[Optional[dict]] = [None] * total  # each choice's last meta_info (continuous usage)
@@ -173,9 +175,10 @@ class _State:
             if self.req.logprobs is not None:
                 done = sent_lps[k]
                 context = self.prompt_ids[i] + event["output_ids"][:done]
-                more = self._output_logprobs(meta, done, context, lp_chars[k])
+                more = self._output_logprobs(meta, done, context, lp_chars[k], sent_text[k] - lp_out_chars[k])
                 sent_lps[k] += len(more.tokens)
                 lp_chars[k] += sum(len(t) for t in more.tokens)
+                lp_out_chars[k] += sum(len(t) for t in more.tokens)
                 logprobs = logprobs or CompletionLogprobs()
                 _extend(logprobs, more)
             if text or not started[k] or (logprobs is not None and logprobs.tokens):

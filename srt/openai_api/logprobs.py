@@ -14,6 +14,13 @@ looks at a token's left context, so streamed chunks get the same strings. Where 
 a character (``max_tokens`` cut it), the text ends in U+FFFD and so does the last token's string
 (``final``): nothing completes that character.
 
+Stop strings: the text leaves a matched stop string out (and, while streaming, holds back a possible
+start of one), but its tokens were generated. Given the text's length (``text_chars``), a slice's
+strings are fitted to it: while streaming only the tokens the text already shows are sent (the rest
+wait for the next chunk); at the end every token is sent, its string cut where the text ends ("" for
+a stop string's own tokens). So the strings join to the text whether or not the output stopped on a
+string, and every generated token keeps its logprob.
+
 - Completions: ``{"tokens", "token_logprobs", "top_logprobs": [{str: logprob}], "text_offset"}``;
   with echo the prompt positions come first and the first one has ``null`` logprobs.
 - Chat: ``{"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}]}``.
@@ -124,9 +131,26 @@ def _finite(lp: Optional[float]) -> Optional[float]:
     return lp if math.isfinite(lp) else -9999.0
 
 
+def fit_to_text(toks: list[str], text_chars: Optional[int], final: bool) -> list[str]:
+    """Token strings fitted to the ``text_chars`` characters of text there are from the first token
+    on (None: no bound): not ``final``, the leading tokens the text covers; ``final``, all of them,
+    cut where the text ends (see the module doc)."""
+    if text_chars is None:
+        return toks
+    out, used = [], 0
+    for tok in toks:
+        if used + len(tok) > text_chars:
+            if not final:
+                break
+            tok = tok[:max(0, text_chars - used)]
+        out.append(tok)
+        used += len(tok)
+    return out
+
+
 def completion_logprobs(strings: TokenStrings, token_lps: list[list], top_lps: list[Optional[list]],
                         context: Sequence[int], first_offset: int = 0,
-                        top_n: int = 0, final: bool = False) -> CompletionLogprobs:
+                        top_n: int = 0, final: bool = False, text_chars: Optional[int] = None) -> CompletionLogprobs:
     """Build (a slice of) the legacy completions logprobs.
 
     Args:
@@ -136,9 +160,12 @@ def completion_logprobs(strings: TokenStrings, token_lps: list[list], top_lps: l
         first_offset: ``text_offset`` of the first position (characters into the choice's text).
         top_n: alternatives wanted per position; 0 gives empty dicts.
         final: the slice ends the choice's output (``TokenStrings.pieces``).
+        text_chars: characters of the choice's text from the first position on (``fit_to_text``;
+            None: the strings as decoded, every position).
     """
     ids = [int(t[1]) for t in token_lps]
-    toks = strings.pieces(ids, context, final)
+    decoded = strings.pieces(ids, context, final)
+    toks = fit_to_text(decoded, text_chars, final)
     out = CompletionLogprobs()
     offset = first_offset
     full_ctx = [*context[-_WINDOW:], *ids]
@@ -158,17 +185,19 @@ def completion_logprobs(strings: TokenStrings, token_lps: list[list], top_lps: l
             alt_str = strings.piece(full_ctx[:base + i], int(alt[1]))
             top.setdefault(alt_str, _finite(alt[0]))  # type: ignore[arg-type]
         if top_n and ids[i] not in {int(alt[1]) for alt in (alts or [])[:top_n]}:
-            top.setdefault(tok, lp)  # as OpenAI: the chosen token is listed too (up to logprobs + 1)
+            top.setdefault(decoded[i], lp)  # as OpenAI: the chosen token is listed too (up to logprobs + 1)
         out.top_logprobs.append(top)
     return out
 
 
 def chat_logprobs(strings: TokenStrings, token_lps: list[list], top_lps: list[Optional[list]],
-                  context: Sequence[int], top_n: int = 0, final: bool = False) -> ChoiceLogprobs:
+                  context: Sequence[int], top_n: int = 0, final: bool = False,
+                  text_chars: Optional[int] = None) -> ChoiceLogprobs:
     """Build (a slice of) chat ``logprobs.content``; ``context`` = ids before the first token; ``final``:
-    the slice ends the choice's output."""
+    the slice ends the choice's output; ``text_chars``: characters of the output text from the first
+    token on (``fit_to_text``)."""
     ids = [int(t[1]) for t in token_lps]
-    toks = strings.pieces(ids, context, final)
+    toks = fit_to_text(strings.pieces(ids, context, final), text_chars, final)
     full_ctx = [*context[-_WINDOW:], *ids]
     base = len(full_ctx) - len(ids)
     content = []

@@ -239,3 +239,33 @@ def test_max_tokens_zero_with_echo_scores_the_prompt(client, http, tok):
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "max_tokens"
     assert "0 only with echo: true" in refused.json()["error"]["message"]
     assert_pool_free_after_flush(http)
+
+
+@pytest.mark.parametrize("stop", [".", "e", " the", "ly"])
+def test_logprob_tokens_join_to_text_cut_by_a_stop_string(client, stop):
+    """The text leaves the matched stop string out, a stop string may end inside a token ("e" in
+    " the"), and a stream holds back a possible start of one: the logprob token strings still join to
+    the text (the stop string's tokens keep their logprobs with their strings cut to ""), streamed or
+    not, and a stream never sends a token before its text (a newcomer found the tokens running one
+    past the text, text_offset past its end)."""
+    for prompt in STORY_PROMPTS[:3]:
+        kw = dict(prompt=prompt, max_tokens=40, temperature=0, logprobs=1, stop=[stop])
+        full = _create(client, **kw).choices[0]
+        _check_logprobs(full, 1, 0)
+        got = {"text": "", "tokens": []}
+        for chunk in _create(client, stream=True, **kw):
+            for c in chunk.choices:
+                got["text"] += c.text
+                got["tokens"] += c.logprobs.tokens if c.logprobs else []
+                assert got["text"].startswith("".join(got["tokens"])), (got, stop)  # never ahead of the text
+        assert got["text"] == full.text and got["tokens"] == full.logprobs.tokens
+        if full.finish_reason == "stop":
+            plain = _create(client, prompt=prompt, max_tokens=40, temperature=0, logprobs=1).choices[0]
+            n = len(full.logprobs.tokens)  # the tokens up to the stop string's are the unstopped run's
+            assert full.logprobs.token_logprobs == pytest.approx(plain.logprobs.token_logprobs[:n], abs=1e-6)
+            assert "".join(plain.logprobs.tokens[:n]).startswith(full.text + stop)  # its tokens: the stop string's
+        messages = [{"role": "user", "content": prompt}]
+        chat = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=40, temperature=0,
+                                              logprobs=True, stop=[stop]).choices[0]
+        assert "".join(t.token for t in chat.logprobs.content) == chat.message.content
+        assert all(bytes(t.bytes) == t.token.encode() for t in chat.logprobs.content)
