@@ -8,7 +8,6 @@ driven synchronously; no sockets.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import threading
 import time
@@ -67,9 +66,13 @@ class Engine:
         self._ids = itertools.count()
         # The scheduler runs in the calling thread: calls from several threads take turns (unserialized
         # they interleaved scheduler steps and corrupted the KV bookkeeping).
-        self._lock = threading.RLock()
+        self._lock = threading.RLock()  # held while the scheduler runs (a call, or one step of a stream)
+        self._no_stream = threading.Condition(self._lock)  # notified when an open stream ends
         self._closed = False
-        self._stream_thread: Optional[int] = None  # the thread whose open stream holds the lock
+        # An open stream owns the engine between its steps, whichever thread reads it: other threads'
+        # calls wait for it to end (the thread that opened it may still ask for info; a call raises).
+        self._stream_open = False
+        self._stream_thread: Optional[int] = None  # the thread that opened it
 
     # ---- public API ------------------------------------------------------------------------
     def generate(self, prompt: Prompt = None, sampling_params: Union[dict, list[dict], None] = None,
@@ -92,18 +95,23 @@ class Engine:
             InvalidRequestError: bad input (empty, too long, ids outside the vocabulary, bad
                 sampling values, an explicit ``max_new_tokens`` beyond the context left after the
                 prompt, as ``/generate``'s 400; rids repeated within the call; a batch or ``n > 1``
-                with ``stream``); nothing is queued then.
+                with ``stream``); nothing is queued then. Also a regex / JSON schema / EBNF the grammar
+                backend cannot compile, found once queued (the call's other prompts have run; a
+                stream raises it in place of its last event).
             RuntimeError: after ``shutdown()``; a call from a thread whose stream is still open.
         An exception while the call runs (Ctrl-C, a timeout's) aborts the call's requests and frees
         their KV before it propagates.
         """
         with self._lock:
             self._refuse_inside_a_stream()
+            self._wait_for_streams()
             msgs, batch, samples = self._prepare(prompt, sampling_params, input_ids, return_logprob,
                                                  logprob_start_len, top_logprobs_num, rid, stream)
             if not stream:
                 results = self._run(msgs)
                 out = [results[m.rid] for m in msgs]
+                for r in out:
+                    _raise_if_refused(r)
                 return out if batch or samples > 1 else out[0]
         if batch or samples > 1:
             raise InvalidRequestError("stream=True takes one prompt and n = 1 (pass a string or one list of ids)")
@@ -116,23 +124,40 @@ class Engine:
             raise RuntimeError("a stream of this engine is still open in this thread: consume or close() it "
                                "before the next call (other threads wait for it)")
 
+    def _wait_for_streams(self) -> None:
+        """(Holding the lock) wait until no stream is open, unless this thread opened it."""
+        self._no_stream.wait_for(lambda: not self._stream_open or self._stream_thread == threading.get_ident())
+
     def _stream(self, msg: TokenizedGenerateReq) -> Iterator[dict]:
+        # The lock is held for each step only, not across a yield: the stream may be read, closed or
+        # collected in another thread than the one that opened it (a lock held across the yields was
+        # released there, which raised and left the lock held for good).
         with self._lock:
             self._refuse_inside_a_stream()
+            self._wait_for_streams()
             if self._closed:
                 raise RuntimeError("the engine is shut down: create a new radixlm.Engine")
-            self._stream_thread = threading.get_ident()
-            try:
-                seen = (0, 0)
-                with contextlib.closing(self._steps([msg], "the stream was closed")) as steps:
-                    for accs in steps:
-                        acc = accs[msg.rid]
-                        now = (len(acc.output_ids), len(acc.text))
-                        if acc.finished or now != seen:
-                            seen = now
-                            yield acc.result()
-            finally:
-                self._stream_thread = None
+            self._stream_open, self._stream_thread = True, threading.get_ident()
+            steps = self._steps([msg], "the stream was closed")
+        try:
+            seen = (0, 0)
+            while True:
+                with self._lock:
+                    accs = next(steps, None)
+                if accs is None:
+                    return
+                acc = accs[msg.rid]
+                now = (len(acc.output_ids), len(acc.text))
+                if acc.finished or now != seen:
+                    seen = now
+                    result = acc.result()
+                    _raise_if_refused(result)
+                    yield result
+        finally:
+            with self._lock:
+                steps.close()  # an unfinished request is aborted and its KV freed
+                self._stream_open, self._stream_thread = False, None
+                self._no_stream.notify_all()
 
     def _prepare(self, prompt: Prompt, sampling_params: Union[dict, list[dict], None], input_ids: InputIds,
                  return_logprob: bool, logprob_start_len: int, top_logprobs_num: int,
@@ -172,15 +197,18 @@ class Engine:
     def flush_cache(self) -> bool:
         """Empty the radix tree (and the hierarchical cache's host tier); False while requests run."""
         with self._lock:
+            self._wait_for_streams()
             return self.scheduler.flush_cache().success
 
     def clear_hicache_storage(self) -> bool:
         """Delete the hierarchical cache's storage files; False without a storage backend."""
         with self._lock:
+            self._wait_for_streams()
             return self.scheduler.flush_storage().success
 
     def get_server_info(self) -> dict:
         with self._lock:
+            self._wait_for_streams()
             state = self.scheduler.internal_state()
         from radixlm.srt.cpu_runtime import cpu_info
 
@@ -192,6 +220,7 @@ class Engine:
         """Drop queued work, finish queued storage writes, stop the grammar compiler threads; later
         ``generate`` calls raise RuntimeError."""
         with self._lock:
+            self._wait_for_streams()
             self._closed = True
             self.scheduler.waiting.clear()
             self.scheduler.close()
@@ -269,3 +298,11 @@ class Engine:
         if len(rid) != n:
             raise InvalidRequestError(f"got {len(rid)} rids for {n} prompts")
         return list(rid)
+
+
+def _raise_if_refused(result: dict) -> None:
+    """A request the scheduler refused as bad input (finish_reason abort with status 400: a regex or
+    JSON schema the grammar backend cannot compile) raises, as ``/generate`` answers 400."""
+    fr = result["meta_info"].get("finish_reason") or {}
+    if fr.get("type") == "abort" and fr.get("status_code") == 400:
+        raise InvalidRequestError(fr.get("message") or "the request was refused", fr.get("param"))

@@ -329,3 +329,58 @@ def test_a_stream_refuses_calls_from_its_own_thread_and_copies_its_events(engine
     assert events[-1]["output_ids"] == plain["output_ids"]
     assert [len(e["meta_info"]["output_token_logprobs"]) for e in events] == [len(e["output_ids"]) for e in events]
     assert engine.generate("Lily", GREEDY)["meta_info"]["completion_tokens"] == 8
+
+
+def test_a_stream_read_in_another_thread_ends_and_frees_the_engine(engine):
+    """A stream opened in one thread and read (or dropped) in another: it ends there, and other
+    threads' calls then run (the lock held across the stream's yields was released in the reading
+    thread, which raised, and every later call from another thread hung; a newcomer's finding)."""
+    import gc
+    import threading
+
+    params = {"temperature": 0, "max_new_tokens": 6}
+    plain = engine.generate("Once upon a time", params)
+    box, opened, done = {}, threading.Event(), threading.Event()
+
+    def opener() -> None:
+        box["stream"] = engine.generate("Once upon a time", params, stream=True)
+        box["first"] = next(box["stream"])
+        opened.set()
+        done.wait(60)
+
+    t = threading.Thread(target=opener)
+    t.start()
+    assert opened.wait(60)
+    events = [box["first"], *box.pop("stream")]  # read to its end in this thread
+    done.set()
+    t.join(60)
+    assert events[-1]["output_ids"] == plain["output_ids"] and events[-1]["meta_info"]["finish_reason"]
+    results: list = []
+    other = threading.Thread(target=lambda: results.append(engine.generate("Lily", GREEDY)), daemon=True)
+    other.start()
+    other.join(60)
+    assert not other.is_alive(), "a call from another thread hung after the stream ended"
+    assert results[0]["meta_info"]["completion_tokens"] == 8
+
+    opened.clear()
+    t = threading.Thread(target=lambda: (box.update(stream=engine.generate("Lily", {"max_new_tokens": 500, "ignore_eos": True},
+                                                                           stream=True)),
+                                         next(box["stream"]), opened.set()))
+    t.start()
+    t.join(60)
+    assert opened.is_set()
+    del box["stream"]  # dropped unfinished in this thread: its request is aborted, the engine freed
+    gc.collect()
+    assert engine.generate("Lily", GREEDY)["meta_info"]["completion_tokens"] == 8
+
+
+def test_a_grammar_the_backend_cannot_compile_raises(engine):
+    """As /generate's 400 (it returned an empty result with finish_reason abort; a newcomer's finding)."""
+    bad = {"max_new_tokens": 4, "regex": "(?=a)a"}  # valid Python regex; lookahead is not supported
+    with pytest.raises(InvalidRequestError, match="(?i)lookahead"):
+        engine.generate("Answer:", bad)
+    with pytest.raises(InvalidRequestError, match="(?i)lookahead"):
+        engine.generate(["Answer:", "Lily"], [bad, GREEDY])
+    with pytest.raises(InvalidRequestError, match="(?i)lookahead"):
+        list(engine.generate("Answer:", bad, stream=True))
+    assert engine.generate("Lily", GREEDY)["meta_info"]["completion_tokens"] == 8
