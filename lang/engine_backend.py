@@ -57,13 +57,13 @@ class Engine(Backend):
 
         kwargs = {k: body[k] for k in _ENGINE_ARGS if body.get(k) is not None}
         with self._lock:
-            try:
+            try:  # a grammar the backend cannot compile is refused as the stream's last event
                 events = self.engine.generate(prompt=body.get("text"), input_ids=body.get("input_ids"),
                                               sampling_params=body.get("sampling_params"), stream=True, **kwargs)
+                with contextlib.closing(events):  # an abandoned stream aborts its request
+                    yield from events
             except InvalidRequestError as exc:
                 raise BackendError(str(exc), 400) from exc
-            with contextlib.closing(events):  # an abandoned stream aborts its request
-                yield from events
 
     def get_model_info(self) -> dict[str, Any]:
         args = self.engine.server_args

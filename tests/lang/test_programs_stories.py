@@ -215,4 +215,13 @@ def test_in_process_engine_streams_step_by_step(stories_path):
 
     chunks = list(story.run(backend=engine, stream=True).text_iter("x"))
     assert len(chunks) > 3 and "".join(chunks) == story.run(backend=engine)["x"]
+
+    @rl.function
+    def lookahead(s):  # a regex the grammar backend cannot compile: a 400, as from a server
+        s += "Answer:" + rl.gen("x", max_tokens=4, regex="(?=a)a")
+
+    for state in (lookahead.run(backend=engine), lookahead.run(backend=engine, stream=True)):
+        list(state.text_iter())
+        assert isinstance(state.error(), rl.BackendError) and state.error().status_code == 400
+        assert "ookahead" in str(state.error())
     engine.shutdown()
