@@ -11,6 +11,7 @@ raise :class:`ProgramError`.
 from __future__ import annotations
 
 import threading
+import warnings
 from collections import deque
 from typing import Any, Optional
 
@@ -32,6 +33,10 @@ class StreamExecutor:
         stream: gens stream, so ``text_iter`` sees text as it arrives.
         use_thread: False executes each node in the submitting thread and raises its errors there
             (used by the prefix tracer).
+
+    The first error that stops the program is kept (``state.error()``) and, unless ``warn_errors`` is
+    False (``run(raise_on_error=True)`` raises it instead), reported with a ``RuntimeWarning``, as
+    SGLang's executor warns: a failed program otherwise only shows as missing output.
     """
 
     def __init__(self, backend: Backend, default_params: ir.GenParams, stream: bool = False,
@@ -48,6 +53,7 @@ class StreamExecutor:
         self.stream_meta: dict[str, Any] = {}  # their latest meta_info
         self.spans: dict[str, tuple[int, int]] = {}  # where a gen's / select's output sits in text_
         self.error_: Optional[BaseException] = None
+        self.warn_errors = True
         self.fork_start_text_pos = 0
         self.cur_role: Optional[str] = None
         self.cur_role_begin_pos = 0
@@ -114,8 +120,17 @@ class StreamExecutor:
                 if raise_errors:
                     self._finish_node(events)
                     raise
-                self.error_ = exc
+                self.record_error(exc)
             self._finish_node(events)
+
+    def record_error(self, exc: BaseException) -> None:
+        """Keep ``exc`` as the program's error if it is the first; warn about it (see the class)."""
+        if self.error_ is not None:
+            return
+        self.error_ = exc
+        if self.warn_errors:
+            warnings.warn(f"prompt program stopped by {type(exc).__name__}: {exc} (kept in state.error())",
+                          RuntimeWarning, stacklevel=2)
 
     def _finish_node(self, events: dict[str, threading.Event]) -> None:
         for ev in events.values():

@@ -72,6 +72,7 @@ class Program:
         """
         params = self._split_defaults(kwargs)
         state = self._new_state(defaults.resolve_backend(backend), params, stream)
+        state.stream_executor.warn_errors = stream or not raise_on_error  # raised below instead
         call_args = {**self.bound, **kwargs}
         if stream:
             body = threading.Thread(target=self._execute, args=(state, args, call_args, True), daemon=True,
@@ -172,10 +173,11 @@ class Program:
             executor.sync()
         except BaseException as exc:
             executor.sync()
-            if executor.error_ is None:
-                executor.error_ = exc
-            if not capture:
+            if not capture:  # it propagates to the caller: no warning
+                if executor.error_ is None:
+                    executor.error_ = exc
                 raise
+            executor.record_error(exc)
         finally:
             executor.end()
 

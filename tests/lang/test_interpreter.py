@@ -155,6 +155,35 @@ def test_backend_failure_is_kept_and_reads_raise():
         run(reads, backend)
 
 
+def test_a_failed_program_warns_once_with_its_error_unless_it_is_raised():
+    backend = FakeBackend()
+
+    @rl.function
+    def prog(s):
+        s += "FAIL" + rl.gen("a")
+        s += rl.gen("b")
+
+    @rl.function
+    def fine(s):
+        s += "ok" + rl.gen("a")
+
+    with pytest.warns(RuntimeWarning, match=r"stopped by BackendError: 400: prompt contains FAIL") as caught:
+        state = run(prog, backend)
+    assert len([w for w in caught if issubclass(w.category, RuntimeWarning)]) == 1
+    assert isinstance(state.error(), rl.BackendError)
+    with pytest.warns(RuntimeWarning, match="prompt contains FAIL"):
+        streamed = run(prog, backend, stream=True)
+        assert "".join(streamed.text_iter()) == "FAIL"
+    assert isinstance(streamed.error(), rl.BackendError)
+
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # any warning fails here
+        assert run(fine, backend).error() is None
+        with pytest.raises(rl.BackendError):
+            run(prog, backend, raise_on_error=True)
+
+
 def test_fork_caches_the_prefix_once_and_join_gathers_lists():
     backend = FakeBackend({"A": "-a", "B": "-b", "C": "-c"})
 
