@@ -15,7 +15,7 @@ from typing import Any, Iterator, Optional, Union
 from radixlm.lang.backend import Backend, BackendError
 from radixlm.lang.chat_template import ChatTemplate
 
-_ENGINE_ARGS = ("return_logprob", "logprob_start_len", "top_logprobs_num")
+_ENGINE_ARGS = ("return_logprob", "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs")
 
 
 class Engine(Backend):

@@ -78,7 +78,8 @@ class Engine:
     def generate(self, prompt: Prompt = None, sampling_params: Union[dict, list[dict], None] = None,
                  input_ids: InputIds = None, return_logprob: bool = False, logprob_start_len: int = -1,
                  top_logprobs_num: int = 0, rid: Union[str, list[str], None] = None,
-                 stream: bool = False) -> Union[dict, list[dict], Iterator[dict]]:
+                 stream: bool = False, return_text_in_logprobs: bool = False
+                 ) -> Union[dict, list[dict], Iterator[dict]]:
         """Generate for one prompt (returns a dict) or a batch (returns a list, in input order).
 
         ``n > 1`` in ``sampling_params`` samples each prompt ``n`` times (as ``/generate`` does): a list,
@@ -90,6 +91,9 @@ class Engine:
         step that added output, the last with ``meta_info["finish_reason"]``. Other calls wait while it
         is open (in the same thread, another call while it is open raises RuntimeError); closing it early
         (``break``, ``close()``) aborts the request and frees its KV.
+
+        ``return_text_in_logprobs`` (with ``return_logprob``): each logprob entry is
+        ``[logprob, token_id, token_text]`` as ``/generate`` gives it, else the text is None.
 
         Raises:
             InvalidRequestError: bad input (empty, too long, ids outside the vocabulary, bad
@@ -108,14 +112,14 @@ class Engine:
             msgs, batch, samples = self._prepare(prompt, sampling_params, input_ids, return_logprob,
                                                  logprob_start_len, top_logprobs_num, rid, stream)
             if not stream:
-                results = self._run(msgs)
+                results = self._run(msgs, return_text_in_logprobs)
                 out = [results[m.rid] for m in msgs]
                 for r in out:
                     _raise_if_refused(r)
                 return out if batch or samples > 1 else out[0]
         if batch or samples > 1:
             raise InvalidRequestError("stream=True takes one prompt and n = 1 (pass a string or one list of ids)")
-        return self._stream(msgs[0])
+        return self._stream(msgs[0], return_text_in_logprobs)
 
     def _refuse_inside_a_stream(self) -> None:
         """Other threads wait for an open stream (the lock); this thread would run the scheduler under it
@@ -128,7 +132,7 @@ class Engine:
         """(Holding the lock) wait until no stream is open, unless this thread opened it."""
         self._no_stream.wait_for(lambda: not self._stream_open or self._stream_thread == threading.get_ident())
 
-    def _stream(self, msg: TokenizedGenerateReq) -> Iterator[dict]:
+    def _stream(self, msg: TokenizedGenerateReq, text_in_logprobs: bool = False) -> Iterator[dict]:
         # The lock is held for each step only, not across a yield: the stream may be read, closed or
         # collected in another thread than the one that opened it (a lock held across the yields was
         # released there, which raised and left the lock held for good).
@@ -138,7 +142,7 @@ class Engine:
             if self._closed:
                 raise RuntimeError("the engine is shut down: create a new radixlm.Engine")
             self._stream_open, self._stream_thread = True, threading.get_ident()
-            steps = self._steps([msg], "the stream was closed")
+            steps = self._steps([msg], "the stream was closed", text_in_logprobs)
         try:
             seen = (0, 0)
             while True:
@@ -228,17 +232,18 @@ class Engine:
                 self.scheduler.grammar_cache.shutdown()
 
     # ---- internals -------------------------------------------------------------------------
-    def _run(self, msgs: list[TokenizedGenerateReq]) -> dict[str, dict]:
+    def _run(self, msgs: list[TokenizedGenerateReq], text_in_logprobs: bool = False) -> dict[str, dict]:
         accs: dict[str, ResponseAccumulator] = {}
-        for accs in self._steps(msgs, "the generate call was interrupted"):
+        for accs in self._steps(msgs, "the generate call was interrupted", text_in_logprobs):
             pass
         return {rid: a.result() for rid, a in accs.items()}
 
-    def _steps(self, msgs: list[TokenizedGenerateReq], stop_message: str) -> Iterator[dict[str, ResponseAccumulator]]:
+    def _steps(self, msgs: list[TokenizedGenerateReq], stop_message: str, text_in_logprobs: bool = False
+               ) -> Iterator[dict[str, ResponseAccumulator]]:
         """Queue ``msgs`` and step the scheduler until they all finish, yielding their accumulators
         (by rid) after every step. An exception, or closing the iterator early (Ctrl-C, a timeout, a
         stream's consumer leaving), aborts the unfinished ones with ``stop_message`` and frees their KV."""
-        accs = {m.rid: ResponseAccumulator(m.rid, m.return_logprob, self.tokenizer) for m in msgs}
+        accs = {m.rid: ResponseAccumulator(m.rid, m.return_logprob, self.tokenizer, text_in_logprobs) for m in msgs}
         start = time.monotonic()
         for m in msgs:
             self.scheduler.add_request(m)

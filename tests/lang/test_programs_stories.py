@@ -205,6 +205,21 @@ def test_in_process_engine_matches_the_server(stories, stories_path):
     info = rl.get_server_info(engine)  # was {}: the in-process backend had no get_server_info
     assert info["max_total_num_tokens"] > 0 and info["internal_state"]["num_running_reqs"] == 0
 
+    @rl.function
+    def scored(s):  # a gen's logprobs with token text, as the server gives them (the Engine gave None)
+        s += "Once upon a time" + rl.gen("y", max_tokens=4, return_logprob=True, top_logprobs_num=2,
+                                         return_text_in_logprobs=True)
+
+    local, remote = scored.run(backend=engine, temperature=0), scored.run(backend=stories, temperature=0)
+    want, got = remote.get_meta_info("y"), local.get_meta_info("y")
+    for key in ("output_token_logprobs", "output_top_logprobs"):
+        assert len(got[key]) == len(want[key]) == 4
+    for (lp, tid, text), (wlp, wtid, wtext) in zip(got["output_token_logprobs"], want["output_token_logprobs"]):
+        assert tid == wtid and text == wtext and text is not None
+        assert abs(lp - wlp) < 0.02  # the fixture's server runs --dtype auto (bf16 on a CPU with bf16 units)
+    assert [[e[1:] for e in top] for top in got["output_top_logprobs"]] == \
+        [[e[1:] for e in top] for top in want["output_top_logprobs"]]
+
 
 def test_in_process_engine_streams_step_by_step(stories_path):
     engine = rl.Engine(stories_path, dtype="float32", max_total_tokens=4000)
