@@ -129,8 +129,11 @@ class StreamExecutor:
             return
         self.error_ = exc
         if self.warn_errors:
-            warnings.warn(f"prompt program stopped by {type(exc).__name__}: {exc} (kept in state.error())",
-                          RuntimeWarning, stacklevel=2)
+            try:
+                warnings.warn(f"prompt program stopped by {type(exc).__name__}: {exc} (kept in state.error())",
+                              RuntimeWarning, stacklevel=2)
+            except Warning:  # warnings made errors (-W error): raised here it would stop the worker
+                pass         # thread before it releases the program's waiters; the error is kept above
 
     def _finish_node(self, events: dict[str, threading.Event]) -> None:
         for ev in events.values():

@@ -182,6 +182,15 @@ def test_a_failed_program_warns_once_with_its_error_unless_it_is_raised():
         assert run(fine, backend).error() is None
         with pytest.raises(rl.BackendError):
             run(prog, backend, raise_on_error=True)
+        # With warnings made errors (-W error) the failure is still kept and every waiter released:
+        # the warning raised in the worker thread stopped it there, and reading a variable hung.
+        done: list = []
+        reader = threading.Thread(target=lambda: done.append(run(prog, backend)), daemon=True)
+        reader.start()
+        reader.join(10)
+        assert done and isinstance(done[0].error(), rl.BackendError)
+        with pytest.raises(rl.ProgramError):
+            done[0]["b"]
 
 
 def test_fork_caches_the_prefix_once_and_join_gathers_lists():
