@@ -362,7 +362,7 @@ class TokenizerManager:
             return loop.call_later(wait_s, on_timer)
 
         timer = arm()
-        seen = sum(s.updates for s in states)
+        seen = 0  # updates yielded so far (any already there are yielded at the first wake)
         try:
             while True:
                 await event.wait()

@@ -162,3 +162,25 @@ def test_an_error_set_on_the_state_raises_503():
         assert e.value.status_code == 503
 
     asyncio.run(main())
+
+
+def test_an_output_that_came_before_the_watch_started_is_yielded():
+    async def main() -> list[int]:
+        m, states = _Manager(), _states(1, time.monotonic())
+        _output(states[0], finished=True)  # already there (and already finished) when the watch starts
+
+        async def is_disconnected() -> bool:
+            return False
+
+        async def collect() -> list[int]:
+            return [s.updates async for s in _flatten(_watch(m, states, is_disconnected))]
+
+        return await asyncio.wait_for(collect(), 5)  # it waited forever for an output already there
+
+    assert asyncio.run(main()) == [1]
+
+
+async def _flatten(gen):
+    async for states in gen:
+        for s in states:
+            yield s
