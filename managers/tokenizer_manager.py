@@ -342,18 +342,25 @@ class TokenizerManager:
         request's arrival): then the unfinished ones are aborted and end with finish_reason abort,
         ``request timed out after <timeout> s``, keeping their partial output.
 
-        One timer per request, re-armed every ``_DISCONNECT_POLL_S`` (or at the deadline), sets the
-        shared event to check the client and the deadline: a wait per streamed token is a bare
+        One timer per request fires every ``_DISCONNECT_POLL_S`` (and at the deadline, where it sends
+        the abort itself, so a consumer held up in a slow socket write does not hold the abort up) and
+        wakes the watch to ask whether the client is still there: a wait per streamed token is a bare
         ``Event.wait`` (``asyncio.wait_for`` made a task and a timer for each, the HTTP process's
-        largest per-token cost after the socket write; on a 2-core box that CPU is the scheduler's)."""
+        largest per-token cost after the socket write; on a 2-core box that CPU is the scheduler's).
+        Outputs that arrive while the consumer holds a yield are yielded before the watch ends."""
         event = states[0].event
         deadline = None if timeout is None else states[0].created + timeout
         loop = asyncio.get_running_loop()
-        due = [False]  # the timer fired since the last wake
+        due = False  # the timer fired since the last wake: check the client
 
         def on_timer() -> None:
-            due[0] = True
+            nonlocal deadline, due, timer
+            if deadline is not None and time.monotonic() >= deadline:
+                deadline = None  # aborted once; the scheduler's last output ends the request
+                self._time_out(states, f"request timed out after {timeout:g} s")
+            due = True
             event.set()
+            timer = arm()
 
         def arm() -> asyncio.TimerHandle:
             wait_s = _DISCONNECT_POLL_S
@@ -370,21 +377,17 @@ class TokenizerManager:
                 for s in states:
                     if s.error is not None:
                         raise RequestError(s.error, 503)
-                if due[0]:
-                    due[0] = False
-                    if deadline is not None and time.monotonic() >= deadline:
-                        self._time_out(states, f"request timed out after {timeout:g} s")
-                        deadline = None  # aborted once; now wait for the scheduler's last output
-                    elif await is_disconnected():
+                if due:
+                    due = False
+                    if await is_disconnected():
                         raise ClientDisconnected() from None
-                    timer = arm()
                 updates = sum(s.updates for s in states)
                 if updates == seen:  # only the timer
                     continue
                 seen = updates
                 yield states
-                if all(s.acc.finished for s in states):
-                    return
+                if all(s.acc.finished for s in states) and sum(s.updates for s in states) == seen:
+                    return  # (else the last outputs came during the yield: their event is set)
         finally:
             timer.cancel()
             self._abort_unfinished(states)

@@ -184,3 +184,51 @@ async def _flatten(gen):
     async for states in gen:
         for s in states:
             yield s
+
+
+def test_outputs_that_arrive_while_the_consumer_holds_a_yield_are_not_lost():
+    # A streamed request whose client reads slowly: its SSE write blocks while the consumer holds the
+    # yield, the last outputs arrive meanwhile. The watch returned on seeing every rid finished, so the
+    # stream sent [DONE] without its final event (no finish_reason, the text cut short).
+    async def main() -> tuple[list[int], _Manager]:
+        m, states = _Manager(), _states(2, time.monotonic())
+
+        async def is_disconnected() -> bool:
+            return False
+
+        watch = _watch(m, states, is_disconnected)
+        _output(states[0])
+        got = [sum(s.updates for s in await asyncio.wait_for(watch.__anext__(), 5))]
+        _output(states[0], finished=True)  # while the consumer is held (a blocked write)
+        _output(states[1], finished=True)
+        await asyncio.sleep(3 * POLL_S)
+        got.append(sum(s.updates for s in await asyncio.wait_for(watch.__anext__(), 5)))
+        with pytest.raises(StopAsyncIteration):
+            await asyncio.wait_for(watch.__anext__(), 5)
+        return got, m
+
+    got, m = asyncio.run(main())
+    assert got == [1, 3]
+    assert m.aborted == [[]]
+
+
+def test_the_deadline_aborts_while_the_consumer_holds_a_yield():
+    async def main() -> _Manager:
+        m, states = _Manager(), _states(1, time.monotonic())
+
+        async def is_disconnected() -> bool:
+            return False
+
+        watch = _watch(m, states, is_disconnected, timeout=3 * POLL_S)
+        _output(states[0])
+        await asyncio.wait_for(watch.__anext__(), 5)
+        await asyncio.sleep(10 * POLL_S)  # held past the deadline: the timer sends the abort itself
+        assert m.timed_out == [f"request timed out after {3 * POLL_S:g} s"]
+        _output(states[0], finished=True)
+        await asyncio.wait_for(watch.__anext__(), 5)
+        with pytest.raises(StopAsyncIteration):
+            await asyncio.wait_for(watch.__anext__(), 5)
+        return m
+
+    m = asyncio.run(main())
+    assert m.timed_out == [f"request timed out after {3 * POLL_S:g} s"]

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
+import httpx
 import pytest
 
 from radixlm.managers.validation import InvalidRequestError
 from radixlm.srt.engine import Engine
 from tests.conftest import STORY_PROMPTS
 
-from .helpers import assert_pool_free_after_flush, greedy, sse_events
+from .helpers import assert_pool_free_after_flush, greedy, sse_events, wait_idle
 
 
 @pytest.fixture(scope="module")
@@ -76,6 +77,26 @@ def test_stream_deltas_concatenate_to_full_text(http, prompt):
     assert texts[-1] == full["text"] and data[-1]["output_ids"] == full["output_ids"]
     assert all(e["meta_info"]["finish_reason"] is None for e in data[:-1])
     assert data[-1]["meta_info"]["finish_reason"] == full["meta_info"]["finish_reason"]
+
+
+def test_a_stream_read_slowly_still_ends_with_its_finish_event(http, server):
+    # The client reads nothing until the generation is over: the server's writes block (the events are
+    # cumulative, ~4 MB in all) while the last outputs arrive. The stream ended with [DONE] and no
+    # finish event (finish_reason null, the text cut at ~1,100 of 1,900 tokens): a newcomer's finding.
+    import json
+
+    body = {"text": "Once upon a time", "stream": True, "sampling_params": greedy(1900, ignore_eos=True)}
+    full = http.post("/generate", json={**body, "stream": False}).json()
+    assert full["meta_info"]["finish_reason"]["type"] == "length"
+    with httpx.Client(base_url=server.url, timeout=60) as client:
+        with client.stream("POST", "/generate", json=body) as resp:
+            assert resp.status_code == 200
+            wait_idle(http, 60)  # the scheduler is done; the HTTP process still holds most events
+            lines = [line for line in resp.iter_lines() if line]
+    assert lines[-1] == "data: [DONE]"
+    last = json.loads(lines[-2][len("data: "):])
+    assert last["meta_info"]["finish_reason"] == full["meta_info"]["finish_reason"]
+    assert last["text"] == full["text"] and last["meta_info"]["completion_tokens"] == 1900
 
 
 @pytest.mark.parametrize("interval", [3, 7])
