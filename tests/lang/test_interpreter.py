@@ -131,13 +131,15 @@ def test_explicit_system_turn_replaces_the_default_and_roles_do_not_nest():
     assert isinstance(state.error(), ValueError)
 
 
+@rl.function
+def fails_at_its_first_gen(s):  # FakeBackend answers a prompt containing FAIL with a 400
+    s += "FAIL" + rl.gen("a")
+    s += rl.gen("b")
+
+
 def test_backend_failure_is_kept_and_reads_raise():
     backend = FakeBackend()
-
-    @rl.function
-    def prog(s):
-        s += "FAIL" + rl.gen("a")
-        s += rl.gen("b")
+    prog = fails_at_its_first_gen
 
     state = run(prog, backend)
     assert isinstance(state.error(), rl.BackendError) and state.error().status_code == 400
@@ -157,11 +159,7 @@ def test_backend_failure_is_kept_and_reads_raise():
 
 def test_a_failed_program_warns_once_with_its_error_unless_it_is_raised():
     backend = FakeBackend()
-
-    @rl.function
-    def prog(s):
-        s += "FAIL" + rl.gen("a")
-        s += rl.gen("b")
+    prog = fails_at_its_first_gen
 
     @rl.function
     def fine(s):
