@@ -453,6 +453,98 @@ inline void softmax_accumulate(int64_t group, const ValueRows<T>& v, int64_t n, 
   accumulate_rows<float>(group, v.f, n, d, s, a);
 }
 
+// a_q[c .. c + NV * Vec::size()) += sum_j p_q[j] * v_j[...] for NQ query vectors whose accumulators
+// sit at a[q] (p stride BLOCK): accumulate_tile's chains (one per element, over the keys in order).
+template <int NQ, int NV>
+inline void accumulate_tile_at(float* const* a, const float* p, const float* const* vrows, int64_t n, int64_t c) {
+  Vec acc[NQ][NV];
+  for (int q = 0; q < NQ; ++q)
+    for (int v = 0; v < NV; ++v) acc[q][v] = Vec::loadu(a[q] + c + v * Vec::size());
+  for (int64_t j = 0; j < n; ++j) {
+    Vec x[NV];
+    for (int v = 0; v < NV; ++v) x[v] = Vec::loadu(vrows[j] + c + v * Vec::size());
+    for (int q = 0; q < NQ; ++q) {
+      const Vec pj(p[q * BLOCK + j]);
+      for (int v = 0; v < NV; ++v) acc[q][v] = at::vec::fmadd(pj, x[v], acc[q][v]);
+    }
+  }
+  for (int q = 0; q < NQ; ++q)
+    for (int v = 0; v < NV; ++v) acc[q][v].store(a[q] + c + v * Vec::size());
+}
+
+template <int NQ>
+inline void accumulate_queries_at(float* const* a, int64_t d, const float* p, const float* const* vrows, int64_t n) {
+  constexpr int64_t W = Vec::size();
+  int64_t c = 0;
+  for (; c + 2 * W <= d; c += 2 * W) accumulate_tile_at<NQ, 2>(a, p, vrows, n, c);
+  for (; c + W <= d; c += W) accumulate_tile_at<NQ, 1>(a, p, vrows, n, c);
+  for (; c < d; ++c) {
+    for (int q = 0; q < NQ; ++q) {
+      float x = a[q][c];
+      for (int64_t j = 0; j < n; ++j) x = std::fma(p[q * BLOCK + j], vrows[j][c], x);
+      a[q][c] = x;
+    }
+  }
+}
+
+// Two query rows that both see the same n keys of a block (every row of a cascade pass; rows before
+// the diagonal of a prefill item): row_step's operations for each of their 2G query vectors (the same
+// score chains, softmax and accumulation chains, so the same bits), with each K and V load of the
+// block shared by both rows' query vectors (6 x 16 register tiles at G = 3 instead of 3 x 32: half the
+// block's reads from L2, where a 128-key block of fp32 K and V, 64 KB, sits). qv: the 2G query vectors
+// (contiguous); s: 2G x BLOCK scratch; each row's state (m, l: G floats, a: G x D) where it lives. V
+// rows as fp32 (v.f): the pair path is not taken for items of one row, the only ones with v.direct.
+template <typename T>
+inline void row_pair_step(const float* qv, int64_t group, const float* kT, const ValueRows<T>& v, int64_t n, int64_t d,
+                          float* s, float* const* m, float* const* l, float* const* a) {
+  const int64_t nq = 2 * group;
+  for (int64_t q0 = 0; q0 < nq; q0 += 6) {
+    const float* qq = qv + q0 * d;
+    float* sq = s + q0 * BLOCK;
+    switch (std::min<int64_t>(6, nq - q0)) {
+      case 6: scores_queries<6>(qq, d, kT, n, sq); break;
+      case 5: scores_queries<5>(qq, d, kT, n, sq); break;
+      case 4: scores_queries<4>(qq, d, kT, n, sq); break;
+      case 3: scores_queries<3>(qq, d, kT, n, sq); break;
+      case 2: scores_queries<2>(qq, d, kT, n, sq); break;
+      default: scores_queries<1>(qq, d, kT, n, sq); break;
+    }
+  }
+  float* aq[12];
+  for (int64_t q = 0; q < nq; ++q) {
+    const int row = q < group ? 0 : 1;
+    const int64_t g = q - row * group;
+    float* sq = s + q * BLOCK;
+    float* mq = m[row] + g;
+    float* lq = l[row] + g;
+    aq[q % 12] = a[row] + g * d;
+    const float bmax = block_max(sq, n);
+    const float mnew = std::max(*mq, bmax);
+    if (*mq != -std::numeric_limits<float>::infinity() && mnew != *mq) {
+      const float corr = std::exp(*mq - mnew);
+      *lq *= corr;
+      scale(aq[q % 12], corr, d);
+    }
+    *mq = mnew;
+    *lq += exp_sub_sum(sq, mnew, n);
+    if (q % 12 == 11 || q == nq - 1) {  // the accumulation of up to 12 query vectors, 6 at a time
+      const int64_t first = q - q % 12;
+      for (int64_t q0 = first; q0 <= q; q0 += 6) {
+        float* const* ap = aq + (q0 - first);
+        const float* pq = s + q0 * BLOCK;
+        switch (std::min<int64_t>(6, q + 1 - q0)) {
+          case 6: accumulate_queries_at<6>(ap, d, pq, v.f, n); break;
+          case 5: accumulate_queries_at<5>(ap, d, pq, v.f, n); break;
+          case 4: accumulate_queries_at<4>(ap, d, pq, v.f, n); break;
+          case 3: accumulate_queries_at<3>(ap, d, pq, v.f, n); break;
+          case 2: accumulate_queries_at<2>(ap, d, pq, v.f, n); break;
+          default: accumulate_queries_at<1>(ap, d, pq, v.f, n); break;
+        }
+      }
+    }
+  }
+}
+
 // Query vectors of flat rows `qrows[0..n)` for KV head h, scaled, into qf (n * G, D).
 template <typename T>
 inline void load_queries(const T* qp, const int64_t* qrows, int64_t n, int64_t h, int64_t heads, int64_t group,
@@ -537,7 +629,17 @@ void attend_shared(const int64_t* qrows, int64_t n, int64_t h, const T* qp, cons
   for (int64_t j0 = 0; j0 < plen; j0 += BLOCK) {
     if (j0 + BLOCK < plen) prefetch_keys_l2(kh, vh, slot_row, j0 + BLOCK, std::min(plen, j0 + 2 * BLOCK), d);
     load_block<T>(kh, vh, slot_row, j0, BLOCK, d, kblock.data(), vblock, v);
-    for (int64_t r = 0; r < n; ++r) {
+    int64_t r = 0;
+    if (!v.direct) {
+      for (; r + 1 < n; r += 2) {
+        const int64_t s0 = qrows[r] * heads + h * group, s1 = qrows[r + 1] * heads + h * group;
+        float* m2[2] = {st.m + s0, st.m + s1};
+        float* l2[2] = {st.l + s0, st.l + s1};
+        float* a2[2] = {st.acc + s0 * d, st.acc + s1 * d};
+        row_pair_step<T>(qf.data() + r * group * d, group, kblock.data(), v, BLOCK, d, scores.data(), m2, l2, a2);
+      }
+    }
+    for (; r < n; ++r) {
       const int64_t sq = qrows[r] * heads + h * group;  // the row's G query vectors are contiguous in q and st
       row_step<T>(qf.data() + r * group * d, group, kblock.data(), v, BLOCK, d, scores.data(), st.m + sq, st.l + sq,
                   st.acc + sq * d);
@@ -576,6 +678,14 @@ void attend_item(const Item& it, const T* qp, const T* kp, const T* vp, const in
       if (len <= j0) continue;
       const int64_t n = std::min(BLOCK, len - j0);
       const int64_t qi = r * group;
+      if (!v.direct && n == BLOCK && r + 1 < it.rows) {  // the next row sees the whole block too
+        float* m2[2] = {m.data() + qi, m.data() + qi + group};
+        float* l2[2] = {l.data() + qi, l.data() + qi + group};
+        float* a2[2] = {acc.data() + qi * d, acc.data() + (qi + group) * d};
+        row_pair_step<T>(qf.data() + qi * d, group, kblock.data(), v, n, d, scores.data(), m2, l2, a2);
+        ++r;
+        continue;
+      }
       row_step<T>(qf.data() + qi * d, group, kblock.data(), v, n, d, scores.data(), m.data() + qi, l.data() + qi,
                   acc.data() + qi * d);
     }
@@ -727,7 +837,7 @@ void attention_kernel(const at::Tensor& q, const at::Tensor& k_cache, const at::
         if (dp) return run_tiles(DpTiles{});
       }
 #endif
-      std::vector<float> qf(tile * group * d), kblock(BLOCK * d), vblock(BLOCK * d), scores(group * BLOCK);
+      std::vector<float> qf(tile * group * d), kblock(BLOCK * d), vblock(BLOCK * d), scores(2 * group * BLOCK);
       run([&](int64_t t, int64_t u) {
         const auto& [g, r0, n, h] = shared_item(t, u);
         attend_shared<T>(qrows.data() + r0, n, h, qp, kp, vp, table + rows[rq[off[g]]] * ctx, glen[g], heads, group,
@@ -765,7 +875,7 @@ void attention_kernel(const at::Tensor& q, const at::Tensor& k_cache, const at::
     }
 #endif
     std::vector<float> qf(TILE * group * d), acc(TILE * group * d), kblock(BLOCK * d), vblock(BLOCK * d),
-        scores(group * BLOCK), m(TILE * group), l(TILE * group);
+        scores(2 * group * BLOCK), m(TILE * group), l(TILE * group);
     run(item_runner([&](const Item& it) {
       attend_item<T>(it, qp, kp, vp, table + rows[it.b] * ctx, pre[it.b], key_begin[it.b], q_start[it.b], heads,
                      group, d, slots, static_cast<float>(scaling), st, op, qf, acc, kblock, vblock, scores, m, l);

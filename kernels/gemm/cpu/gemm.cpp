@@ -61,12 +61,17 @@ void linear_impl(const at::Tensor& xc, const at::Tensor& w, const T* bp, at::Ten
     if (pw == 16) return linear_packed_fp32_avx512(xp, ldx, M, wp, N, K, bp, yp);  // fp32_packed_avx512.h
   }
 #endif
-  for (int64_t m0 = 0; m0 < M; m0 += kRowBlock) {
-    const int64_t m1 = std::min(M, m0 + kRowBlock);
+  // Rows per pass over the panels: as many as ~384 KB of x (in L2 while each panel passes), at least
+  // kRowBlock: a decode batch of up to ~160 rows at K = 576 streams every weight from memory once.
+  const int64_t row_block = std::max<int64_t>(kRowBlock, (384 << 10) / (K * static_cast<int64_t>(sizeof(T))) / 6 * 6);
+  for (int64_t m0 = 0; m0 < M; m0 += row_block) {
+    const int64_t m1 = std::min(M, m0 + row_block);
     radixlm_parallel::parallel_for_steal(0, panels, 1, [&](int64_t p0, int64_t p1) {
       for (int64_t p = p0; p < p1; ++p) {
         const T* b = bp != nullptr ? bp + p * pw : nullptr;
-        panel_rows<T>(xp, ldx, m0, m1, wp + p * K * pw, pw, K, yp + p * pw, N, b);
+        const T* next = p + 1 < panels ? wp + (p + 1) * K * pw : nullptr;  // a share's next panel (stolen: wasted)
+        panel_rows<T>(xp, ldx, m0, m1, wp + p * K * pw, pw, K, yp + p * pw, N, b, next,
+                      static_cast<int64_t>(K * pw * sizeof(T)));
       }
     });
   }

@@ -190,10 +190,19 @@ inline void tile(int64_t rows, const T* x, int64_t ldx, const T* panel, int64_t 
 }
 
 // Rows [m0, m1) of x times one panel into y's columns (y already offset to the panel's first column).
+// next (or null): the panel this thread reads after this one (next_bytes long), fetched into L2 a
+// slice before each tile, so that it streams from memory while this panel's tiles compute instead of
+// stalling the next panel's first tile (with one pass over the weights, i.e. up to kRowBlock rows, every
+// panel comes from memory once; hints only: no effect on results).
 template <typename T>
 inline void panel_rows(const T* x, int64_t ldx, int64_t m0, int64_t m1, const T* panel, int64_t pw, int64_t K, T* y,
-                       int64_t ldy, const T* bias) {
+                       int64_t ldy, const T* bias, const T* next = nullptr, int64_t next_bytes = 0) {
+  const int64_t tiles = (m1 - m0 + kTileRows - 1) / kTileRows;
+  const int64_t lines = next != nullptr && tiles > 1 ? (next_bytes + 63) / 64 : 0, per_tile = (lines + tiles - 1) / tiles;
+  int64_t line = 0;
   near_equal_tiles<kTileRows>(m0, m1, [&](auto r, int64_t m) {
+    for (const int64_t end = std::min(lines, line + per_tile); line < end; ++line)
+      __builtin_prefetch(reinterpret_cast<const char*>(next) + 64 * line, 0, 2);
     tile_rows<decltype(r)::value>(x + m * ldx, ldx, panel, pw, K, y + m * ldy, ldy, bias);
   });
 }
