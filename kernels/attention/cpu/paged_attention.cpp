@@ -11,7 +11,8 @@
 // the rows x G (= H / KVH) query vectors that share the KV head, so a K/V row is loaded once for all of
 // them, in blocks of BLOCK keys:
 // scores = q . k (fp32; K transposed per block so a vector of keys' scores is one chain of FMAs, with up
-// to 4 query vectors of a row sharing each K and V load), a running max and normaliser per head (online softmax, Milakov & Gimelshein 2018; FlashDecoding),
+// to 4 query vectors of a row, or 6 of two rows that both see the whole block (row_pair_step), sharing
+// each K and V load), a running max and normaliser per head (online softmax, Milakov & Gimelshein 2018; FlashDecoding),
 // then acc += p * v. K/V may be fp32, bf16 or fp16; arithmetic is fp32.
 // bf16 pools on CPUs with AMX-BF16 or AVX512-BF16 (Sapphire Rapids, Zen 4 / 5, Cooper Lake) take the
 // pair tile path instead (pair_tile_attention.h): both products on bf16 pairs, P rounded to bf16,
