@@ -116,24 +116,52 @@ class Scheduler:
             return False
         reqs, mwb = batch
         running_before, outputs_before = len(self.running), sum(len(r.output_ids) for r in reqs)
-        if mwb.forward_mode is ForwardMode.TARGET_VERIFY:
-            assert self.spec is not None
-            t1 = time.perf_counter()
-            out = self.worker.forward_batch_generation(mwb, None)  # logits only: targets drawn per row
-            t2 = time.perf_counter()
-            finished = self.spec.process(reqs, mwb, out, self.results.decode_text, MAX_TOP_LOGPROBS)
-        else:
-            sampling = self.results.sampling_inputs(reqs, mwb, self.vocab_size)
-            t1 = time.perf_counter()
-            out = self.worker.forward_batch_generation(mwb, *sampling)
-            t2 = time.perf_counter()
-            finished = self.results.process(reqs, mwb, out)
+        allocated = [(r.num_cached, r.num_cached + r.extend_len) for r in reqs]  # this batch's KV slots
+        try:
+            if mwb.forward_mode is ForwardMode.TARGET_VERIFY:
+                assert self.spec is not None
+                t1 = time.perf_counter()
+                out = self.worker.forward_batch_generation(mwb, None)  # logits only: targets drawn per row
+                t2 = time.perf_counter()
+                finished = self.spec.process(reqs, mwb, out, self.results.decode_text, MAX_TOP_LOGPROBS)
+            else:
+                sampling = self.results.sampling_inputs(reqs, mwb, self.vocab_size)
+                t1 = time.perf_counter()
+                out = self.worker.forward_batch_generation(mwb, *sampling)
+                t2 = time.perf_counter()
+                finished = self.results.process(reqs, mwb, out)
+        except BaseException:
+            self._fail_batch(reqs, allocated)
+            raise
         self._after_batch(reqs, mwb.forward_mode, finished)
         self._log_batch(reqs, mwb, running_before, outputs_before)
         self.timing["steps"] += 1
         self.timing["forward_s"] += t2 - t1
         self.timing["step_s"] += time.perf_counter() - t0
         return True
+
+    def _fail_batch(self, reqs: list[Req], allocated: list[tuple[int, int]]) -> None:
+        """The batch's forward (or the processing of its results) raised: end its requests with
+        finish_reason abort (status 500) and free what the batch allocated, before the exception
+        propagates. ``allocated[i]`` is ``(num_cached, num_cached + extend_len)`` of ``reqs[i]`` when the
+        batch was built: the positions it was given KV slots for. ``num_cached`` only advances when a
+        forward's results are processed, so a request whose ``num_cached`` did not move has no computed
+        KV in those slots: they are freed, and only what was computed before (its cached prefix, earlier
+        chunks and outputs) goes into the tree. (Without this the failed step's slots stayed allocated,
+        and an Engine caller that caught the exception saw the next idle check report a KV leak.)"""
+        reason = FinishReason(type="abort", status_code=500,
+                              message="internal error in the model forward; the server log has the traceback")
+        failed = {id(r) for r in reqs}
+        for r, (start, end) in zip(reqs, allocated):
+            if r.req_pool_idx is not None:
+                if r.num_cached == start:
+                    self.kv.free_beyond_cached(r, end)
+                self.kv.release(r, insert=True)
+            r.finished_reason = reason
+            if r is self.chunked_req:
+                self.chunked_req = None
+        self.running = [r for r in self.running if id(r) not in failed]
+        self._emit(reqs)
 
     def _log_batch(self, reqs: list[Req], mwb: ModelWorkerBatch, running_before: int, outputs_before: int) -> None:
         log, kv = self.batch_log, self.kv
