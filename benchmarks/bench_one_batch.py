@@ -9,6 +9,11 @@ It also measures this machine's matmul peak in the same run, in each dtype the r
 ``torch.mm`` and a decode-shaped one; quantized rows compute in fp32, so their peak is fp32's) and
 reports the decode's model FLOP/s against the peak of the row's dtype: FLOPs per token = 2 × (the
 linear layers' and lm_head's parameters) + 4 × layers × heads × head_dim × (attended context).
+A decode step must also read every weight and the attended KV cache at least once, so it measures the
+memory read bandwidth too (``torch.sum`` over 1 GiB) and gives each row its roofline (Williams et al.
+2009): ``roofline_ms`` = max(those bytes at that bandwidth, the step's FLOPs at the peak),
+``roofline_pct_of_peak`` = the best share of the peak such a step can reach on this machine, and
+``pct_of_roofline`` = roofline_ms / decode_step_ms (how close the step came to it).
 
     python benchmarks/bench_one_batch.py --model stories260k --batch-sizes 1 8 32 --input-lens 128 --output-lens 32
     python benchmarks/bench_one_batch.py --model smollm2 --batch-sizes 1 32 --input-lens 128 --output-lens 32
@@ -87,6 +92,33 @@ def decode_flops_per_token(engine: Engine, context: float) -> float:
     return 2 * linear + attn
 
 
+def decode_bytes_per_step(engine: Engine, batch: int, context: float) -> float:
+    """Bytes a decode step must read at least once: every linear's and the LM head's weights as stored
+    (packed, bf16, fp32 or quantized blocks) and the attended KV cache (K and V of ``context`` tokens
+    per request, every layer, in the pool's dtype)."""
+    model = engine.worker.model_runner.model
+    weights = sum(m.weight.numel() * m.weight.element_size()
+                  for m in model.modules() if hasattr(m, "process_weights_after_loading"))
+    cfg = engine.model_config
+    kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+    kv_bytes = torch.empty((), dtype=engine.worker.model_runner.dtype).element_size()
+    kv = batch * context * cfg.num_hidden_layers * kv_heads * cfg.head_dim * 2 * kv_bytes
+    return weights + kv
+
+
+def read_bandwidth_gb_s(mib: int = 1024, seconds: float = 1.0) -> float:
+    """GB/s of a plain ``torch.sum`` over ``mib`` MiB of fp32 (far larger than any cache): the rate at
+    which this machine's threads read memory, best of repeated runs over ~``seconds``."""
+    x = torch.ones(mib * (1 << 20) // 4)
+    x.sum()
+    best, end = float("inf"), time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        t0 = time.perf_counter()
+        x.sum()
+        best = min(best, time.perf_counter() - t0)
+    return mib * (1 << 20) / best / 1e9
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="stories260k", help="stories260k | smollm2 | a path")
@@ -129,6 +161,7 @@ def main() -> None:
                 for o in args.output_lens:
                     r = {**names, **run_case(engine, bs, i, o, args.seed)}
                     r["flops_per_token"] = decode_flops_per_token(engine, i + o / 2)
+                    r["bytes_per_step"] = decode_bytes_per_step(engine, bs, i + o / 2)
                     rows.append(r)
         del engine, runner
     def peak_dtype(r: dict) -> str:
@@ -137,18 +170,31 @@ def main() -> None:
     peaks = {dt: (matmul_peak_gflops(2048, 2048, 2048, dtype=getattr(torch, dt)),
                   matmul_peak_gflops(64, 576, 1536, dtype=getattr(torch, dt)))
              for dt in sorted({peak_dtype(r) for r in rows})}
+    bandwidth = read_bandwidth_gb_s()
     for r in rows:
+        flops_per_step = r["batch"] * r["flops_per_token"]
         r["model_gflop_s"] = r["decode_tok_s"] * r.pop("flops_per_token") / 1e9
-        r["pct_of_peak"] = 100 * r["model_gflop_s"] / peaks[peak_dtype(r)][0]
+        peak = peaks[peak_dtype(r)][0]
+        r["pct_of_peak"] = 100 * r["model_gflop_s"] / peak
+        # Roofline (Williams et al. 2009): a step takes at least max(its bytes at the read bandwidth, its
+        # FLOPs at the peak); the best share of the peak a step can reach here, and how close it came.
+        floor_s = max(r["bytes_per_step"] / (bandwidth * 1e9), flops_per_step / (peak * 1e9))
+        r["roofline_ms"] = 1000 * floor_s
+        r["roofline_pct_of_peak"] = 100 * flops_per_step / floor_s / (peak * 1e9)
+        r["pct_of_roofline"] = 100 * r["roofline_ms"] / r["decode_step_ms"]
     for dt, (peak, peak_decode_shape) in peaks.items():
         print(f"{dt} matmul peak: {peak:.1f} GFLOP/s (2048^3), {peak_decode_shape:.1f} GFLOP/s (64x576x1536); "
               f"torch threads {torch.get_num_threads()}")
+    print(f"memory read bandwidth: {bandwidth:.1f} GB/s (torch.sum over 1 GiB); roofline_ms = max(weights + KV "
+          "read at that rate, FLOPs at the peak)")
     print_table(rows, ["attention", "gemm", "elementwise", "dtype", "quantization", "batch", "input_len", "output_len", "prefill_tok_s", "decode_tok_s", "decode_step_ms",
-                       "overhead_ms_per_step", "model_gflop_s", "pct_of_peak"])
+                       "overhead_ms_per_step", "model_gflop_s", "pct_of_peak", "roofline_ms", "roofline_pct_of_peak",
+                       "pct_of_roofline"])
     write_json(args.output, {"benchmark": "bench_one_batch", "model": args.model, "page_size": args.page_size,
                              "threads": torch.get_num_threads(),
                              "matmul_peak_gflop_s": {dt: p[0] for dt, p in peaks.items()},
-                             "matmul_decode_shape_gflop_s": {dt: p[1] for dt, p in peaks.items()}, "rows": rows})
+                             "matmul_decode_shape_gflop_s": {dt: p[1] for dt, p in peaks.items()},
+                             "read_bandwidth_gb_s": bandwidth, "rows": rows})
 
 
 if __name__ == "__main__":
