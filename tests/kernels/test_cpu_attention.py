@@ -269,3 +269,50 @@ def test_scratch_kept_between_calls_follows_head_dim_and_batch_size():
         if key in first:
             assert torch.equal(out, first[key])
         first[key] = out
+
+
+def _direct_op(q, k_new, v_new, k_cache, v_cache, loc, table, prefix, extend):
+    i64 = lambda xs: torch.tensor(xs, dtype=torch.int64)  # noqa: E731
+    d = q.shape[-1]
+    return torch.ops.radixlm_cpu.paged_attention(
+        q, k_new, v_new, k_cache, v_cache, i64(loc), table, torch.arange(table.shape[0], dtype=torch.int64),
+        i64(prefix), i64(extend), i64([]), i64([0]), i64([]), d ** -0.5)
+
+
+@pytest.mark.parametrize("head_dim", [32, 64, 96])
+@pytest.mark.parametrize("layout", ["consecutive", "scattered", "runs"])
+def test_decode_and_short_extends_get_the_bits_of_a_whole_prefill_wherever_the_slots_are(head_dim, layout):
+    """A token's output from a decode step or a short extend (items of a few query vectors) is bitwise
+    the one a whole prefill gives it (items of 16+ rows), with the request's keys in consecutive slots,
+    scattered, or in runs of consecutive slots broken at places that are not multiples of 16 (key
+    blocks and the kernel's row-read prefetch cross the breaks); head_dim 32 / 64 / 96 gives one, two
+    and three 32-dim steps per score on the pair tile paths."""
+    heads, kvh, d, n = 9, 3, head_dim, 150
+    g = torch.Generator().manual_seed(d)
+    slots = 600
+    if layout == "consecutive":
+        order = list(range(40, 40 + n))
+    elif layout == "scattered":
+        order = torch.randperm(slots, generator=g)[:n].tolist()
+    else:  # runs of 5..40 consecutive slots at random places
+        rng, order, used = random.Random(d), [], set()
+        while len(order) < n:
+            start, run = rng.randrange(0, slots - 40), rng.randrange(5, 41)
+            cells = [s for s in range(start, start + run) if s not in used][: n - len(order)]
+            used.update(cells)
+            order += cells
+    table = torch.zeros(1, 256, dtype=torch.int64)
+    table[0, :n] = torch.tensor(order)
+    q, k, v = (torch.randn(n, m, d, generator=g).to(torch.bfloat16) for m in (heads, kvh, kvh))
+
+    def pools():
+        return (torch.randn(kvh, slots, d, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16),
+                torch.randn(kvh, slots, d, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16))
+
+    kc, vc = pools()
+    whole = _direct_op(q, k, v, kc, vc, order, table, [0], [n])  # 150 rows: tiles of 16 query vectors
+    for start, count in [(n - 1, 1), (n - 5, 5), (17, 1), (15, 2), (0, 1)]:
+        sl = slice(start, start + count)  # the pool already holds every key (stored by the prefill)
+        part = _direct_op(q[sl].contiguous(), k[sl].contiguous(), v[sl].contiguous(), kc, vc, order[sl], table,
+                          [start], [count])
+        assert torch.equal(part, whole[sl]), (layout, d, start, count)
