@@ -22,7 +22,8 @@ from radixlm.srt.server_args import ServerArgs
 
 @dataclass
 class WorkerOutput:
-    """logits: (R, vocab) float32 raw model logits of the rows in ``logits_row_offsets``.
+    """logits: (R, vocab) raw model logits of the rows in ``logits_row_offsets``: float32, or the
+    model's dtype after a greedy-only step with nothing editing the logits (on CPU; consumers upcast).
     next_token_ids: (bs,) int64 tokens sampled from each request's last row (None if not sampled)."""
 
     logits: torch.Tensor
@@ -44,7 +45,12 @@ class TpModelWorker:
                                  vocab_mask: Optional[torch.Tensor] = None) -> WorkerOutput:
         """Forward, then sample one token from the last row of each request when ``sampling_info``
         is given (its rows align with the batch's requests)."""
-        logits = self.model_runner.forward(batch)
+        # Greedy rows with nothing editing the logits (on CPU): the argmax reads the model's own
+        # (bf16) logits, the same index as on their exact fp32 widening, without the (R, vocab) fp32
+        # copy (~2 ms of a 128-request decode step of SmolLM2 on a 2-core Xeon).
+        raw = (sampling_info is not None and sampling_info.is_all_greedy and not sampling_info.edits_logits
+               and vocab_mask is None and self.model_runner.device.type == "cpu")
+        logits = self.model_runner.forward(batch, float_logits=not raw)
         _, row_offsets = batch.logits_layout()
         next_ids = None
         if sampling_info is not None:

@@ -149,8 +149,8 @@ class CudaGraphRunner:
         """Decode ``batch`` (``can_run`` must hold) through the graph of the next captured size.
 
         Returns:
-            (bs, vocab) float32 logits, a fresh tensor (the graph's output is reused by the next
-            replay).
+            (bs, vocab) logits in the model's dtype, a fresh tensor (the graph's output is reused by
+            the next replay).
         """
         bs = batch.batch_size
         pbs = padded_batch_size(self.batch_sizes, bs)

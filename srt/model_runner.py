@@ -116,15 +116,18 @@ class ModelRunner:
         logger.info("KV cache: %d tokens in %d pages of %d (%.1f MiB)", self.max_total_num_tokens,
                     num_pages, args.page_size, self.max_total_num_tokens * per_token / 2**20)
 
-    def forward(self, batch: ModelWorkerBatch) -> torch.Tensor:
-        """Run the model; returns logits (R, vocab) float32 for the rows chosen by the batch."""
+    def forward(self, batch: ModelWorkerBatch, float_logits: bool = True) -> torch.Tensor:
+        """Run the model; returns logits (R, vocab) for the rows chosen by the batch: float32, or with
+        ``float_logits=False`` in the model's dtype as its LM head gives them (bf16 logits widen to
+        fp32 exactly, so either gives the same values; a greedy-only step skips the (R, vocab) copy)."""
         if self.cuda_graph_runner is not None and self.cuda_graph_runner.can_run(batch):
-            return self.cuda_graph_runner.replay(batch)
-        fb = ForwardBatch.init_new(batch, self.req_to_token_pool, self.kv_pool, self.attn_backend, self.device)
-        t0 = time.perf_counter()
-        logits = self.model(fb.input_ids, fb.positions, fb)
-        self.model_time_s += time.perf_counter() - t0  # on CUDA: launch time only (no sync)
-        return logits
+            logits = self.cuda_graph_runner.replay(batch)
+        else:
+            fb = ForwardBatch.init_new(batch, self.req_to_token_pool, self.kv_pool, self.attn_backend, self.device)
+            t0 = time.perf_counter()
+            logits = self.model(fb.input_ids, fb.positions, fb)
+            self.model_time_s += time.perf_counter() - t0  # on CUDA: launch time only (no sync)
+        return logits.float() if float_logits else logits
 
 
 def _device_memory(device: torch.device) -> int:

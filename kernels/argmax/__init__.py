@@ -1,6 +1,6 @@
 """Row-wise argmax of logits: greedy decoding's token choice, ``torch.argmax(logits, -1)`` exactly.
 
-On CPU, float32 logits go to ``torch.ops.radixlm_cpu.argmax_rows`` (``cpu/argmax.cpp``: two
+On CPU, float32 and bfloat16 logits go to ``torch.ops.radixlm_cpu.argmax_rows`` (``cpu/argmax.cpp``: two
 vectorised passes per row, rows in parallel); torch's own CPU argmax over a 49,152-token vocabulary is
 a scalar reduction (~3 ms a step for a batch of 64 on a 2-core Xeon). Anything else (CUDA, other
 dtypes, 1-D input, no C++ kernels) takes ``torch.argmax``. Both give the first index of each row's
@@ -30,7 +30,7 @@ def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
     """Args: logits (rows, V) on any device, V >= 1. Returns (rows,) int64 on the logits' device:
     the index of each row's maximum, as ``torch.argmax(logits, dim=-1)`` (ties: the first index;
     NaN: the first NaN)."""
-    if logits.device.type == "cpu" and logits.dim() == 2 and logits.dtype == torch.float32 \
+    if logits.device.type == "cpu" and logits.dim() == 2 and logits.dtype in (torch.float32, torch.bfloat16) \
             and logits.shape[1] > 0 and logits.stride(1) == 1:
         op = _cpu_op()
         if op is not None:

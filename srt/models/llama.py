@@ -129,7 +129,7 @@ class LlamaForCausalLM(nn.Module):
                 h, delta = layer(positions, h, delta, fb)
         rows = fb.logits_indices
         h = self.norm(h[rows], delta[rows])  # the last residual add only for the rows that need logits
-        return self.lm_head.logits(h).float()
+        return self.lm_head.logits(h)  # in the model's dtype: ModelRunner.forward widens them to fp32
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load HF-named full weights, sharding for this rank. Raises KeyError on an unknown name

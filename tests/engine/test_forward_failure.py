@@ -44,11 +44,11 @@ def _fail_at(engine: Engine, monkeypatch, call: int) -> list[int]:
     real = runner.forward
     calls = [0]
 
-    def forward(batch):
+    def forward(batch, **kwargs):
         calls[0] += 1
         if calls[0] == call:
             raise InjectedFailure(f"injected at forward {call}")
-        return real(batch)
+        return real(batch, **kwargs)
 
     monkeypatch.setattr(runner, "forward", forward)
     return calls
