@@ -19,7 +19,7 @@ ModelRunner hook::
 
     self.cuda_graph_runner = CudaGraphRunner.maybe_create(self)      # end of __init__
     if self.cuda_graph_runner and self.cuda_graph_runner.can_run(batch):   # start of forward
-        return self.cuda_graph_runner.replay(batch)
+        logits = self.cuda_graph_runner.replay(batch)                      # widened to fp32 there
 """
 
 from __future__ import annotations
