@@ -130,8 +130,8 @@ class Scheduler:
                 out = self.worker.forward_batch_generation(mwb, *sampling)
                 t2 = time.perf_counter()
                 finished = self.results.process(reqs, mwb, out)
-        except BaseException:
-            self._fail_batch(reqs, allocated)
+        except BaseException as exc:
+            self._fail_batch(reqs, allocated, exc)
             raise
         self._after_batch(reqs, mwb.forward_mode, finished)
         self._log_batch(reqs, mwb, running_before, outputs_before)
@@ -140,7 +140,7 @@ class Scheduler:
         self.timing["step_s"] += time.perf_counter() - t0
         return True
 
-    def _fail_batch(self, reqs: list[Req], allocated: list[tuple[int, int]]) -> None:
+    def _fail_batch(self, reqs: list[Req], allocated: list[tuple[int, int]], exc: BaseException) -> None:
         """The batch's forward (or the processing of its results) raised: end its requests with
         finish_reason abort (status 500) and free what the batch allocated, before the exception
         propagates. ``allocated[i]`` is ``(num_cached, num_cached + extend_len)`` of ``reqs[i]`` when the
@@ -149,8 +149,8 @@ class Scheduler:
         KV in those slots: they are freed, and only what was computed before (its cached prefix, earlier
         chunks and outputs) goes into the tree. (Without this the failed step's slots stayed allocated,
         and an Engine caller that caught the exception saw the next idle check report a KV leak.)"""
-        reason = FinishReason(type="abort", status_code=500,
-                              message="internal error in the model forward; the server log has the traceback")
+        reason = FinishReason(type="abort", status_code=500, message=(
+            f"internal error in the model forward ({type(exc).__name__}); the server log has the traceback"))
         failed = {id(r) for r in reqs}
         for r, (start, end) in zip(reqs, allocated):
             if r.req_pool_idx is not None:

@@ -97,6 +97,7 @@ def test_failed_step_ends_each_request_once_with_500(engine, monkeypatch):
     assert failed, finishes
     for rid, f in failed.items():
         assert len(f) == 1 and f[0].type == "abort" and "internal error" in f[0].message, (rid, f)
+        assert "InjectedFailure" in f[0].message, f
     # the requests the failed step did not hold carry on (the forward works again), and every rid ends once
     while sched.step():
         pass
