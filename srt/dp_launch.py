@@ -39,8 +39,11 @@ def scheduler_specs(args: ServerArgs, paths: Any, target: Callable[..., None],
                     tp_ranks: Optional[Sequence[int]] = None) -> list[tuple[str, Callable[..., None], tuple]]:
     """``(name, target, target_args)`` of every scheduler process: ``target(args, replica_paths, tp_rank)``
     (the launcher appends the ready pipe). ``args`` has the resolved model path; ``cpu_threads`` is
-    set per rank here when the user left it to us. ``tp_ranks``: this node's ranks (multi-node TP,
-    where ``dp_size`` is 1 and ``paths`` is None off node 0); default all."""
+    set per rank here when the user left it to us. Replica ``k`` of several samples unseeded requests
+    with ``random_seed + k`` (the TP ranks of one replica share it): with one seed every replica drew
+    the same random stream, so the same request sent to two replicas sampled the same text.
+    ``tp_ranks``: this node's ranks (multi-node TP, where ``dp_size`` is 1 and ``paths`` is None off
+    node 0); default all."""
     from radixlm.srt.cpu_runtime import cpu_threads
 
     if args.dp_size > 1:
@@ -48,6 +51,7 @@ def scheduler_specs(args: ServerArgs, paths: Any, target: Callable[..., None],
     specs = []
     for dp_rank in range(args.dp_size):
         replica_paths = paths.for_dp_rank(dp_rank, args.dp_size) if paths is not None else None
-        specs += [(scheduler_name(dp_rank, tp_rank, args.dp_size), target, (args, replica_paths, tp_rank))
+        replica_args = dataclasses.replace(args, random_seed=args.random_seed + dp_rank) if dp_rank else args
+        specs += [(scheduler_name(dp_rank, tp_rank, args.dp_size), target, (replica_args, replica_paths, tp_rank))
                   for tp_rank in (range(args.tp_size) if tp_ranks is None else tp_ranks)]
     return specs

@@ -64,6 +64,21 @@ def _flush_and_check_free(http: httpx.Client) -> None:
         assert s["evictable_size"] == 0 and s["protected_size"] == 0, s
 
 
+def test_replicas_sample_unseeded_requests_from_their_own_streams(http):
+    """First in the module, so both replicas' random streams are where they started: with one shared
+    seed the same unseeded request pinned to replica 0 and to replica 1 sampled the same text."""
+    body = {"text": STORY_PROMPTS[1], "sampling_params": {"temperature": 1.0, "max_new_tokens": 24, "ignore_eos": True}}
+    pairs = []
+    for _ in range(3):
+        outs = []
+        for rank in (0, 1):
+            resp = http.post("/generate", json={**body, "data_parallel_rank": rank})
+            assert resp.status_code == 200, resp.text
+            outs.append(resp.json()["output_ids"])
+        pairs.append(outs)
+    assert any(a != b for a, b in pairs), pairs
+
+
 def test_outputs_equal_one_replica_native_and_v1(http, engine):
     prompts = STORY_PROMPTS[:10]
     sp = greedy(16, min_new_tokens=16)

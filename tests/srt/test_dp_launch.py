@@ -33,6 +33,11 @@ def test_replicas_get_own_sockets_names_and_a_share_of_the_cores(tmp_path):
     assert {s[2][0].cpu_threads for s in specs} == {cpu_threads(None, 4)}  # OMP_NUM_THREADS, else cores // 4
     explicit = scheduler_specs(dataclasses.replace(ServerArgs(dp_size=2), cpu_threads=3), paths, _target)
     assert {s[2][0].cpu_threads for s in explicit} == {3}
+    # unseeded sampling: each replica its own stream, the TP ranks of a replica the same one
+    assert [s[2][0].random_seed for s in specs] == [0, 0, 1, 1]
+    seeded = scheduler_specs(dataclasses.replace(ServerArgs(dp_size=3), random_seed=42), paths, _target)
+    assert [s[2][0].random_seed for s in seeded] == [42, 43, 44]
+    assert scheduler_specs(dataclasses.replace(ServerArgs(), random_seed=42), paths, _target)[0][2][0].random_seed == 42
     assert scheduler_name(3, 0, 4) == "scheduler-dp3"
     # ps titles, as SGLang's sglang::scheduler_DP1_TP0: replicas told apart
     assert [scheduler_title("radixlm-" + s[0], s[2][2]) for s in specs] == [
