@@ -32,6 +32,7 @@ from typing import Any, Literal, Optional, Union
 
 import msgspec
 from fastapi import FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -285,8 +286,12 @@ def create_app(tm: TokenizerManager, server_args: Any, model_info: dict, metrics
         app.add_exception_handler(exc_type, lambda request, exc: error_response(exc))
     app.add_exception_handler(StarletteHTTPException, _http_error)  # unknown /v1 routes: OpenAI-shaped 404
     app.add_middleware(LimitsMiddleware, max_body=getattr(server_args, "max_request_body_bytes", None) or MAX_REQUEST_BODY_BYTES)
-    if server_args.api_key:  # outermost: no body is read before the key is checked
+    if server_args.api_key:  # outside the limits: no body is read before the key is checked
         app.add_middleware(ApiKeyMiddleware, api_key=server_args.api_key)
+    # Browsers' cross-origin requests, as SGLang's server allows them (any origin, method and header):
+    # outermost, so a preflight OPTIONS (which carries no API key) is answered before the key check.
+    app.add_middleware(CORSMiddleware, allow_origins=["*"], allow_credentials=True, allow_methods=["*"],
+                       allow_headers=["*"])
 
     @app.api_route("/generate", methods=["POST", "PUT"])
     async def generate(request: Request) -> Response:

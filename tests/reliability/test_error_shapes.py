@@ -99,6 +99,25 @@ def test_missing_or_wrong_key_is_401_in_each_shape(tok):
         assert c.get("/health").status_code == 200
 
 
+def test_browser_preflight_and_cross_origin_requests_are_allowed(tok):
+    """CORS as SGLang's server has it: a preflight OPTIONS from any origin gets 200 with the allow
+    headers (before the API key check: a preflight carries no key), and responses name the origin."""
+    origin = {"Origin": "http://localhost:5173"}
+    preflight = {**origin, "Access-Control-Request-Method": "POST",
+                 "Access-Control-Request-Headers": "authorization,content-type"}
+    with _client(tok, api_key=KEY) as c:
+        for path in ("/v1/chat/completions", "/generate"):
+            resp = c.options(path, headers=preflight)
+            assert resp.status_code == 200, resp.text
+            assert resp.headers["access-control-allow-origin"] == "http://localhost:5173"
+            assert "POST" in resp.headers["access-control-allow-methods"]
+            assert "authorization" in resp.headers["access-control-allow-headers"].lower()
+        ok = c.get("/v1/models", headers={**origin, "Authorization": f"Bearer {KEY}"})
+        assert ok.status_code == 200 and ok.headers["access-control-allow-origin"] == "http://localhost:5173"
+        refused = c.get("/v1/models", headers=origin)  # still 401 without the key, readable by the page
+        assert refused.status_code == 401 and refused.headers["access-control-allow-origin"] == "http://localhost:5173"
+
+
 @pytest.mark.parametrize("path, shape", [("/generate", NATIVE_KEYS), ("/v1/completions", OPENAI_KEYS)])
 def test_body_over_the_limit_is_413_in_each_shape(path, shape):
     async def echo(scope, receive, send):  # never reached: the middleware answers first
