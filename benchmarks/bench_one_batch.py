@@ -36,6 +36,7 @@ from common import print_table, random_ids, resolve_model, write_json
 from radixlm.managers.io_struct import TokenizedGenerateReq
 from radixlm.srt.cpu_runtime import tune_malloc
 from radixlm.srt.engine import Engine
+from radixlm.srt.kv_pool import KVPool
 from radixlm.srt.sampling_params import SamplingParams
 
 
@@ -80,13 +81,17 @@ def matmul_peak_gflops(m: int, k: int, n: int, seconds: float = 1.0, dtype: torc
     return 2 * m * k * n / best / 1e9
 
 
+def linear_modules(engine: Engine) -> list:
+    """The model's linears and LM head: the modules whose weights a gemm backend prepared."""
+    return [m for m in engine.worker.model_runner.model.modules() if hasattr(m, "process_weights_after_loading")]
+
+
 def decode_flops_per_token(engine: Engine, context: float) -> float:
     """Model FLOPs of one decode token at an attended context of ``context`` tokens."""
-    model = engine.worker.model_runner.model
     # logical weights of the linears and the LM head (a quantized weight's tensor holds bytes, not weights)
     # (the cpu backend's packed weights are (out / 16, in, 16): numel is still out x in)
     linear = sum((m.weight.shape[0] * m.gemm.in_features) if hasattr(m.gemm, "in_features") else m.weight.numel()
-                 for m in model.modules() if hasattr(m, "process_weights_after_loading"))
+                 for m in linear_modules(engine))
     cfg = engine.model_config
     attn = 4 * cfg.num_hidden_layers * cfg.num_attention_heads * cfg.head_dim * context
     return 2 * linear + attn
@@ -96,14 +101,10 @@ def decode_bytes_per_step(engine: Engine, batch: int, context: float) -> float:
     """Bytes a decode step must read at least once: every linear's and the LM head's weights as stored
     (packed, bf16, fp32 or quantized blocks) and the attended KV cache (K and V of ``context`` tokens
     per request, every layer, in the pool's dtype)."""
-    model = engine.worker.model_runner.model
-    weights = sum(m.weight.numel() * m.weight.element_size()
-                  for m in model.modules() if hasattr(m, "process_weights_after_loading"))
-    cfg = engine.model_config
-    kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
-    kv_bytes = torch.empty((), dtype=engine.worker.model_runner.dtype).element_size()
-    kv = batch * context * cfg.num_hidden_layers * kv_heads * cfg.head_dim * 2 * kv_bytes
-    return weights + kv
+    runner, cfg = engine.worker.model_runner, engine.model_config
+    weights = sum(m.weight.numel() * m.weight.element_size() for m in linear_modules(engine))
+    kv_per_token = KVPool.bytes_per_token(cfg.num_hidden_layers, runner.num_kv_heads, cfg.head_dim, runner.dtype)
+    return weights + batch * context * kv_per_token
 
 
 def read_bandwidth_gb_s(mib: int = 1024, seconds: float = 1.0) -> float:

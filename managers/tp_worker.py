@@ -48,13 +48,12 @@ class TpModelWorker:
         # Greedy rows with nothing editing the logits (on CPU): the argmax reads the model's own
         # (bf16) logits, the same index as on their exact fp32 widening, without the (R, vocab) fp32
         # copy (~2 ms of a 128-request decode step of SmolLM2 on a 2-core Xeon).
-        raw = (sampling_info is not None and sampling_info.is_all_greedy and not sampling_info.edits_logits
-               and vocab_mask is None and self.model_runner.device.type == "cpu")
+        untouched = sampling_info is not None and not sampling_info.edits_logits and vocab_mask is None
+        raw = untouched and sampling_info.is_all_greedy and self.model_runner.device.type == "cpu"
         logits = self.model_runner.forward(batch, float_logits=not raw)
         _, row_offsets = batch.logits_layout()
         next_ids = None
         if sampling_info is not None:
-            untouched = not sampling_info.edits_logits and vocab_mask is None
             if untouched and len(row_offsets) - 1 == logits.shape[0]:
                 # one row per request, all last rows, and nothing edits them in place: no (bs, V) copy
                 last = logits
